@@ -1,0 +1,121 @@
+/**
+ * qemu-ssh-provisioner: the qemu-ssh.jumpstarter.dev provisioner for Jumpstarter ExporterSets.
+ *
+ * The Jumpstarter operator starts the image's /exporter-set-controller with flags only, so flags alone mean `run`.
+ */
+import { parseArgs } from "node:util";
+import { stringify } from "yaml";
+import { PROVISIONER } from "./src/api/types.ts";
+import { CRDS } from "./src/api/crds.ts";
+import { runController } from "./src/run.ts";
+
+export const VERSION = "0.1.0";
+
+const USAGE = `qemu-ssh-provisioner ${VERSION}: runs Jumpstarter QEMU targets on lab hosts over SSH
+
+usage: qemu-ssh-provisioner [run] [flags]     run the controller (the default)
+       qemu-ssh-provisioner crds              print the CustomResourceDefinitions
+       qemu-ssh-provisioner version
+
+run flags:
+  --provisioner NAME                  provisioner to serve (default ${PROVISIONER})
+  --kubeconfig PATH                   kubeconfig (default: in-cluster, then $KUBECONFIG, then ~/.kube/config)
+  --namespace NS                      watch only NS (default: $NAMESPACE; empty = all namespaces)
+  --leader-elect                      elect a leader among replicas (Lease in the namespace)
+  --health-probe-bind-address ADDR    /healthz, /readyz, /metrics (default :8081; 0 disables)
+  --metrics-bind-address ADDR         a separate /metrics listener (default 0: metrics are on the health port)
+  --log-level debug|info|warn|error   (default info)
+  --log-format text|json              (default text)
+  --resync SECONDS                    re-apply every instance at least this often (default 300)
+  --host-alias NAME=ADDRESS           connect to ADDRESS for lab host NAME (like a Pod's hostAliases; host keys
+                                      are still checked under NAME); repeatable
+`;
+
+export class UsageError extends Error {}
+
+export async function main(argv: string[]): Promise<number> {
+  const [first] = argv;
+  const command = first && !first.startsWith("-") ? first : "run";
+  const rest = command === first ? argv.slice(1) : argv;
+  if (argv.includes("--help") || argv.includes("-h") || command === "help") {
+    console.log(USAGE);
+    return 0;
+  }
+  switch (command) {
+    case "version":
+      console.log(VERSION);
+      return 0;
+    case "crds":
+      noArgs(rest, "crds");
+      console.log(CRDS.map((c) => stringify(c, { lineWidth: 0 })).join("---\n"));
+      return 0;
+    case "run":
+      return await runController(parseRunFlags(rest));
+    default:
+      throw new UsageError(`unknown command "${command}"`);
+  }
+}
+
+function noArgs(args: string[], cmd: string) {
+  if (args.length) throw new UsageError(`${cmd} takes no arguments, got: ${args.join(" ")}`);
+}
+
+export function parseRunFlags(args: string[]) {
+  const { values, positionals } = parseArgs({
+    args,
+    strict: true,
+    allowPositionals: true,
+    options: {
+      provisioner: { type: "string", default: PROVISIONER },
+      kubeconfig: { type: "string" },
+      namespace: { type: "string" },
+      "leader-elect": { type: "boolean", default: false },
+      "health-probe-bind-address": { type: "string", default: ":8081" },
+      "metrics-bind-address": { type: "string", default: "0" },
+      "log-level": { type: "string", default: "info" },
+      "log-format": { type: "string", default: "text" },
+      resync: { type: "string", default: "300" },
+      "host-alias": { type: "string", multiple: true, default: [] },
+    },
+  });
+  if (positionals.length) throw new UsageError(`unexpected argument "${positionals[0]}"`);
+  const level = values["log-level"];
+  if (!["debug", "info", "warn", "error"].includes(level)) {
+    throw new UsageError(`--log-level: unknown level "${level}"`);
+  }
+  const format = values["log-format"];
+  if (format !== "text" && format !== "json") throw new UsageError(`--log-format must be text or json`);
+  const resync = Number(values.resync);
+  if (!Number.isFinite(resync) || resync < 1) throw new UsageError(`--resync must be a number of seconds >= 1`);
+  const hostAliases: Record<string, string> = {};
+  for (const a of values["host-alias"]) {
+    const m = /^([^=\s]+)=([^=\s]+)$/.exec(a);
+    if (!m) throw new UsageError(`--host-alias must be NAME=ADDRESS, got "${a}"`);
+    hostAliases[m[1]] = m[2];
+  }
+  return {
+    hostAliases,
+    provisioner: values.provisioner,
+    kubeconfig: values.kubeconfig,
+    namespace: values.namespace ?? (Deno.env.get("NAMESPACE") || undefined),
+    leaderElect: values["leader-elect"],
+    healthAddress: values["health-probe-bind-address"],
+    metricsAddress: values["metrics-bind-address"],
+    logLevel: level as "debug" | "info" | "warn" | "error",
+    logFormat: format as "text" | "json",
+    resyncMs: resync * 1000,
+  };
+}
+
+if (import.meta.main) {
+  try {
+    Deno.exit(await main(Deno.args));
+  } catch (e) {
+    if (e instanceof UsageError || (e as { code?: string }).code?.startsWith("ERR_PARSE_ARGS")) {
+      console.error(`error: ${(e as Error).message}\n\n${USAGE}`);
+      Deno.exit(2);
+    }
+    console.error(`error: ${e instanceof Error ? e.message : e}`);
+    Deno.exit(1);
+  }
+}

@@ -1,0 +1,116 @@
+/**
+ * What the reconciler does on a lab host: apply, remove, inspect. Each is one script over one pooled SSH channel
+ * (remote.ts builds the scripts and parses their output; ssh.ts carries them).
+ */
+import type { RenderedInstance } from "./render.ts";
+import {
+  applyScript,
+  type HostInspection,
+  inspectScript,
+  parseApplyOutput,
+  parseInspectOutput,
+  parseRemoveOutput,
+  removeScript,
+  shellCommand,
+} from "./remote.ts";
+import type { SshPool, SshTarget } from "./ssh.ts";
+import type { Metrics } from "../observe/metrics.ts";
+
+export interface ApplyOutcome {
+  changed: string[];
+  /** Both units active. */
+  ready: boolean;
+  /** The exporter finished after its lease (exitOnLeaseEnd) and was left stopped for replacement. */
+  exited: boolean;
+  errors: string[];
+  /** The first error's code, e.g. "kvm-missing". */
+  errorCode?: string;
+}
+
+export interface HostOps {
+  apply(
+    target: SshTarget,
+    r: RenderedInstance,
+    opts: { kvmRequired: boolean; keepExited: boolean },
+  ): Promise<ApplyOutcome>;
+  remove(target: SshTarget, name: string): Promise<void>;
+  inspect(target: SshTarget): Promise<HostInspection>;
+}
+
+export class HostScriptError extends Error {
+  constructor(readonly host: string, readonly code: string, message: string) {
+    super(message);
+    this.name = "HostScriptError";
+  }
+}
+
+export interface LabHostsOptions {
+  /** Lab host name -> address to connect to; host keys are still checked under the name. */
+  hostAliases?: Record<string, string>;
+  metrics?: Metrics;
+}
+
+export class LabHosts implements HostOps {
+  constructor(private readonly pool: SshPool, private readonly opts: LabHostsOptions = {}) {}
+
+  private async run(target: SshTarget, script: string) {
+    const address = this.opts.hostAliases?.[target.host];
+    const started = performance.now();
+    const before = this.pool.stats().connectionsOpened;
+    try {
+      return await this.pool.exec(address ? { ...target, address } : target, shellCommand(target.user), {
+        stdin: script,
+      });
+    } finally {
+      const m = this.opts.metrics;
+      m?.sshCommandSeconds.observe({ host: target.host }, (performance.now() - started) / 1000);
+      const opened = this.pool.stats().connectionsOpened - before;
+      if (opened > 0) m?.sshConnections.inc({ host: target.host }, opened);
+    }
+  }
+
+  async apply(
+    target: SshTarget,
+    r: RenderedInstance,
+    opts: { kvmRequired: boolean; keepExited: boolean },
+  ): Promise<ApplyOutcome> {
+    const res = await this.run(target, applyScript(r, { kvmRequired: opts.kvmRequired, keepExited: opts.keepExited }));
+    const report = parseApplyOutput(res.stdout, res.stderr, res.code);
+    const rt = report.states[r.units.runtime];
+    const ex = report.states[r.units.exporter];
+    return {
+      changed: report.changed,
+      ready: rt?.active === "active" && ex?.active === "active",
+      exited: report.exited.includes(r.units.exporter),
+      errors: report.errors.map((e) => `${e.code}: ${e.message}`),
+      errorCode: report.errors[0]?.code,
+    };
+  }
+
+  async remove(target: SshTarget, name: string): Promise<void> {
+    const res = await this.run(target, removeScript(name));
+    const report = parseRemoveOutput(res.stdout, res.stderr, res.code);
+    if (!report.ok) {
+      const e = report.errors[0];
+      throw new HostScriptError(
+        target.host,
+        e?.code ?? "exit",
+        report.errors.map((x) => `${x.code}: ${x.message}`).join("; "),
+      );
+    }
+  }
+
+  async inspect(target: SshTarget): Promise<HostInspection> {
+    const res = await this.run(target, inspectScript());
+    const report = parseInspectOutput(res.stdout, res.stderr, res.code);
+    if (!report.ok) {
+      const e = report.errors[0];
+      throw new HostScriptError(
+        target.host,
+        e?.code ?? "exit",
+        report.errors.map((x) => `${x.code}: ${x.message}`).join("; "),
+      );
+    }
+    return report;
+  }
+}

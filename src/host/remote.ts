@@ -1,0 +1,684 @@
+/**
+ * The three things we do on a lab host, each one POSIX sh script sent over one SSH session (`sh -s`, the script on
+ * stdin, so tokens never appear in a process list), and the parsers of what they print. Pure: building and parsing
+ * strings only; ssh.ts runs them.
+ *
+ * Output protocol: every line meant for us starts with `qsp `; anything else (stray tool output) is ignored.
+ *   qsp changed PATH                       a file or link was (re)written
+ *   qsp volume-created VOLUME
+ *   qsp reloaded                           systemctl daemon-reload ran
+ *   qsp restarted UNIT | qsp hup UNIT | qsp started UNIT
+ *   qsp exited UNIT                        the exporter ended by itself (lease over) and was left stopped
+ *   qsp state UNIT ACTIVE SUB RESTARTS     systemd ActiveState, SubState, NRestarts after the apply settled
+ *   qsp removed WHAT NAME | qsp removed nothing | qsp stopped UNIT
+ *   qsp error CODE MESSAGE                 CODE is one word (see ErrorCode)
+ *   qsp done                               the script ran to its end (absent: it died or the connection dropped)
+ * Exit status: 0 fine, 2 refused with `qsp error` lines, anything else a step failed (reported as step-failed).
+ */
+import { createHash } from "node:crypto";
+import { Buffer } from "node:buffer";
+import { PROVISIONER } from "../api/types.ts";
+import {
+  CONFIG_DIR,
+  configMountDir,
+  configPath,
+  OWNER_PREFIX,
+  QUADLET_DIR,
+  quadletPath,
+  type RenderedInstance,
+  volumeName,
+} from "./render.ts";
+
+/** Single-quotes a value for sh. */
+export function shQuote(s: string): string {
+  return `'${s.replaceAll("'", `'\\''`)}'`;
+}
+
+/**
+ * The remote command that reads a script on stdin. Non-root users need passwordless sudo for sh (`user ALL=(root)
+ * NOPASSWD: /bin/sh` or broader): the scripts write to /etc and drive systemd and rootful podman. `-n` makes a
+ * missing sudo rule fail at once instead of waiting for a password that will never come.
+ */
+export function shellCommand(user: string): string {
+  return user === "root" ? "sh -s" : "sudo -n sh -s";
+}
+
+const GENERATORS = ["/usr/lib/systemd/system-generators/podman-system-generator", "/usr/libexec/podman/quadlet"];
+
+// Shared by all scripts: strict mode, a sane PATH, and a trap that names the step a failure happened in.
+const PRELUDE = `set -eu
+PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+export PATH LC_ALL=C
+step=start
+tmp=
+refused=0
+trap 'rc=$?; [ -z "$tmp" ] || rm -f "$tmp"; [ "$rc" = 0 ] || [ "$refused" = 1 ] || echo "qsp error step-failed $step (exit $rc)"' EXIT
+say() { echo "qsp $*"; }
+`;
+
+const UNIT_FN = `# UNIT: one systemctl call for the properties the scripts look at, into load, active, sub, ...
+unit() {
+  load='' active='' sub='' restarts='' src='' frag='' need_reload='' result='' main_status='' main_started=''
+  while IFS='=' read -r k v; do
+    case "$k" in
+    LoadState) load=$v ;;
+    ActiveState) active=$v ;;
+    SubState) sub=$v ;;
+    NRestarts) restarts=$v ;;
+    SourcePath) src=$v ;;
+    FragmentPath) frag=$v ;;
+    NeedDaemonReload) need_reload=$v ;;
+    Result) result=$v ;;
+    ExecMainStatus) main_status=$v ;;
+    ExecMainStartTimestampMonotonic) main_started=$v ;;
+    esac
+  done <<EOF_UNIT
+$(systemctl show -p LoadState,ActiveState,SubState,NRestarts,SourcePath,FragmentPath,NeedDaemonReload \\
+    -p Result,ExecMainStatus,ExecMainStartTimestampMonotonic "$1" 2>/dev/null || true)
+EOF_UNIT
+}
+`;
+
+// Refusals: report every problem a step finds, then stop before changing anything that depends on it.
+const CHECK_FNS = `errors=0
+err() { echo "qsp error $*"; errors=$((errors + 1)); }
+# after reported errors: stop here, with a status the trap does not mistake for a failed step
+refuse_if_errors() {
+  if [ "$errors" != 0 ]; then
+    say "done"
+    refused=1
+    exit 2
+  fi
+}
+# the uid in the ownership line of a file we wrote (first two lines only: the config's values cannot start a line
+# there), empty if it has none
+owner_uid() { head -n 2 "$1" 2>/dev/null | sed -n 's/^${sedEscape(OWNER_PREFIX)}.* uid=\\([^ ]*\\)$/\\1/p'; }
+# refuse to touch a file another exporter (or a person) owns; UID empty: any of ours
+check_owner() {
+  if [ ! -e "$1" ]; then return 0; fi
+  u=$(owner_uid "$1")
+  if [ -z "$u" ]; then
+    err "not-owned $1 exists and is not managed by ${PROVISIONER}; move it away or pick another name"
+  elif [ -n "$2" ] && [ "$u" != "$2" ]; then
+    err "owner-conflict $1 belongs to exporter uid=$u, not uid=$2 (same name in another namespace?)"
+  fi
+}
+`;
+
+function sedEscape(s: string): string {
+  return s.replace(/[.[\]*^$\\/]/g, (c) => `\\${c}`);
+}
+
+const sha256 = (s: string) => createHash("sha256").update(s, "utf8").digest("hex");
+const tempGlob = (path: string) => {
+  const slash = path.lastIndexOf("/");
+  return `${path.slice(0, slash)}/.${path.slice(slash + 1)}.qsp-tmp.`;
+};
+
+export interface ApplyOptions {
+  /** Refuse to start (error kvm-missing) when the host has no /dev/kvm. */
+  kvmRequired: boolean;
+  /**
+   * Leave an exporter that ended by itself (exit 0, as `exitOnLeaseEnd` makes it when its lease is over) stopped and
+   * report it as exited, so the controller can replace the instance (ExitAndReplace). Default false.
+   */
+  keepExited?: boolean;
+  /** How long to wait for the units to leave "activating" before reporting their state; default 20. */
+  settleSeconds?: number;
+}
+
+/**
+ * Makes the host run this instance, idempotently: files are rewritten only when their content or mode differs, and
+ * only what a change affects is restarted (runtime quadlet: both units; exporter quadlet: the exporter; config only:
+ * SIGHUP to the exporter, which reloads after its current lease while QEMU keeps running).
+ */
+export function applyScript(r: RenderedInstance, opts: ApplyOptions): string {
+  const q = shQuote;
+  const rtQuadlet = quadletPath(r.units.runtime.replace(/\.service$/, ""));
+  const exQuadlet = quadletPath(r.units.exporter.replace(/\.service$/, ""));
+  const allPaths = r.files.flatMap((f) => [f.path, ...f.links]);
+  const dirOf = (p: string) => p.slice(0, p.lastIndexOf("/"));
+  const dirs = [...new Set(allPaths.map(dirOf))];
+  const secretDirs = [...new Set(r.files.filter((f) => f.secret).flatMap((f) => [f.path, ...f.links]).map(dirOf))];
+  const settleTicks = Math.max(0, Math.round((opts.settleSeconds ?? 20) * 5));
+
+  const writes = r.files.map((f) => {
+    const flag = f.path === rtQuadlet ? "rt_changed" : f.path === exQuadlet ? "ex_changed" : "cfg_changed";
+    const content = Buffer.from(f.content, "utf8").toString("base64");
+    return [
+      `put ${q(f.path)} ${f.mode.toString(8)} ${sha256(f.content)} ${q(content)}`,
+      `if [ "$changed" = 1 ]; then ${flag}=1; fi`,
+      ...f.links.map((l) => `link ${q(f.path)} ${q(l)}`),
+    ].join("\n");
+  }).join("\n");
+
+  return `# ${r.name}: apply
+${PRELUDE}${UNIT_FN}${CHECK_FNS}
+UID_=${q(r.uid)}
+RT=${q(r.units.runtime)}
+EX=${q(r.units.exporter)}
+RTQ=${q(rtQuadlet)}
+EXQ=${q(exQuadlet)}
+# PATH MODE SHA256 BASE64: atomic replace (temp file in the same directory, synced, renamed) unless already equal
+put() {
+  changed=0
+  if [ -f "$1" ] && [ ! -L "$1" ] && [ "$(stat -c %a "$1")" = "$2" ] && [ "$(sha256sum <"$1" | cut -d' ' -f1)" = "$3" ]; then
+    return 0
+  fi
+  tmp=$(mktemp "\${1%/*}/.\${1##*/}.qsp-tmp.XXXXXX")
+  printf '%s' "$4" | base64 -d >"$tmp"
+  chmod "$2" "$tmp"
+  sync "$tmp"
+  mv -f "$tmp" "$1"
+  tmp=
+  changed=1
+  say changed "$1"
+}
+# TARGET LINK: LINK becomes a hard link to TARGET, replaced atomically
+link() {
+  if [ "$(stat -c %d:%i "$1")" = "$(stat -c %d:%i "$2" 2>/dev/null || true)" ]; then return 0; fi
+  tmp=$(mktemp -u "\${2%/*}/.\${2##*/}.qsp-tmp.XXXXXX")
+  ln "$1" "$tmp"
+  mv -f "$tmp" "$2"
+  tmp=
+  say changed "$2"
+}
+# hash of the service the generator made from a quadlet, i.e. of the definition systemd has loaded
+generated() {
+  unit "$1"
+  if [ -n "$frag" ] && [ -f "$frag" ]; then sha256sum <"$frag" | cut -d' ' -f1; fi
+}
+running() {
+  unit "$1"
+  case "$active" in active | activating | reloading) return 0 ;; esac
+  return 1
+}
+
+step=preflight
+for c in podman systemctl base64 sha256sum mktemp stat; do
+  command -v "$c" >/dev/null 2>&1 || err "missing-tool $c is not installed on this host"
+done
+refuse_if_errors
+
+step=ownership
+${allPaths.map((p) => `check_owner ${q(p)} "$UID_"`).join("\n")}
+refuse_if_errors
+
+step=make-dirs
+(umask 022 && mkdir -p ${dirs.map(q).join(" ")})
+chmod 0700 ${secretDirs.map(q).join(" ")}
+
+step=write-files
+umask 077
+rt_changed=0
+ex_changed=0
+cfg_changed=0
+${writes}
+
+step=volume
+if ! podman volume exists ${q(r.volume)}; then
+  podman volume create --label ${q(`jumpstarter.dev/exporter=${r.name}`)} --label ${q(`${PROVISIONER}/uid=${r.uid}`)} ${
+    q(r.volume)
+  } >/dev/null
+  say volume-created ${q(r.volume)}
+fi
+
+step=daemon-reload
+# Reload when a quadlet changed, and when systemd has not caught up with one (an earlier apply died before it).
+reload=0
+if [ "$rt_changed$ex_changed" != 00 ]; then reload=1; fi
+for u in "$RT" "$EX"; do
+  unit "$u"
+  if [ "$load" != loaded ] || [ "$need_reload" != no ]; then reload=1; fi
+done
+rt_before=$(generated "$RT")
+ex_before=$(generated "$EX")
+if [ "$reload" = 1 ]; then
+  systemctl daemon-reload
+  say reloaded
+fi
+
+step=check-units
+for pair in "$RT=$RTQ" "$EX=$EXQ"; do
+  u=\${pair%%=*}
+  quadlet=\${pair#*=}
+  unit "$u"
+  if [ "$load" != loaded ]; then
+    why=
+    for g in ${GENERATORS.map(q).join(" ")}; do
+      if [ -x "$g" ]; then
+        why=$("$g" --dryrun 2>&1 >/dev/null | grep -F "$quadlet" | head -n 3 | tr '\\n' ' ' || true)
+        break
+      fi
+    done
+    err "unit-missing $u: $quadlet generated no service; \${why:-is the podman quadlet generator installed?}"
+  elif [ "$src" != "$quadlet" ]; then
+    err "unit-shadowed $u is loaded from $frag, not from $quadlet; remove that file"
+  fi
+done
+refuse_if_errors
+
+step=devices
+${opts.kvmRequired ? `if [ ! -c /dev/kvm ]; then err "kvm-missing /dev/kvm is not present on this host"; fi` : ""}
+${
+    r.devices.map((d) => `if [ ! -e ${q(d)} ]; then err ${q(`device-missing ${d} is not present on this host`)}; fi`)
+      .join("\n")
+  }
+# the files are in place; starting without the device would only fail, or run QEMU without KVM unnoticed
+refuse_if_errors
+
+step=restart
+ex_exited=0
+unit "$EX"
+if [ ${
+    opts.keepExited ? 1 : 0
+  } = 1 ] && [ "$active" = inactive ] && [ "$result" = success ] && [ "$main_status" = 0 ] &&
+  [ "\${main_started:-0}" != 0 ]; then
+  ex_exited=1
+  say exited "$EX"
+fi
+# A running unit restarts only if the service generated from its quadlet changed: a quadlet rewritten with the
+# same content (a hand-deleted file put back) leaves QEMU alone. The exporter lives in the runtime's network
+# namespace, which a runtime restart replaces, so it goes along.
+restart=
+if running "$RT" && [ "$(generated "$RT")" != "$rt_before" ]; then
+  restart=$RT
+  if [ "$ex_exited" = 0 ]; then restart="$RT $EX"; fi
+fi
+if [ -z "$restart" ] && running "$EX" && [ "$(generated "$EX")" != "$ex_before" ]; then restart=$EX; fi
+if [ -n "$restart" ]; then
+  # one transaction, so the exporter (BindsTo the runtime) restarts once, after the runtime
+  # shellcheck disable=SC2086
+  systemctl restart $restart
+  for u in $restart; do say restarted "$u"; done
+fi
+
+step=hup
+case " $restart " in
+*" $EX "*) ;;
+*)
+  unit "$EX"
+  if [ "$cfg_changed" = 1 ] && [ "$active" = active ]; then
+    if podman kill --signal HUP ${q(`${r.name}-exporter`)} >/dev/null 2>&1; then
+      say hup "$EX"
+    else
+      # the container went away between the two checks; a restart reads the new config just as well
+      systemctl restart "$EX"
+      say restarted "$EX"
+    fi
+  fi
+  ;;
+esac
+
+step=start
+for u in "$RT" "$EX"; do
+  if [ "$u" = "$EX" ] && [ "$ex_exited" = 1 ]; then continue; fi
+  unit "$u"
+  case "$active" in
+  active | activating | reloading) ;;
+  *)
+    # a unit that hit its start limit refuses to start until reset
+    if [ "$active" = failed ]; then systemctl reset-failed "$u"; fi
+    systemctl start --no-block "$u"
+    say started "$u"
+    ;;
+  esac
+done
+
+step=settle
+# wait (bounded) for the start jobs, so the report says running or failed rather than "starting"
+i=0
+while [ "$i" -lt ${settleTicks} ]; do
+  busy=$(systemctl list-jobs --no-legend "$RT" "$EX" 2>/dev/null || true)
+  for u in "$RT" "$EX"; do
+    unit "$u"
+    case "$active/$sub" in
+    activating/auto-restart*) ;;
+    activating/* | deactivating/* | reloading/*) busy=yes ;;
+    esac
+  done
+  if [ -z "$busy" ]; then break; fi
+  sleep 0.2
+  i=$((i + 1))
+done
+for u in "$RT" "$EX"; do
+  unit "$u"
+  say state "$u" "$active" "$sub" "$restarts"
+done
+say "done"
+`;
+}
+
+export interface RemoveOptions {
+  /** Only remove files whose ownership line names this uid (refuse with owner-conflict otherwise). */
+  uid?: string;
+}
+
+/**
+ * Takes the instance off the host: stops both units, removes the containers, files (and temp files an interrupted
+ * apply left), the volume, and reloads systemd if a quadlet went. Idempotent: a second run reports `removed nothing`.
+ */
+export function removeScript(name: string, opts: RemoveOptions = {}): string {
+  const q = shQuote;
+  const RT = q(`${name}-runtime.service`);
+  const EX = q(`${name}-exporter.service`);
+  const quadlets = [quadletPath(`${name}-runtime`), quadletPath(`${name}-exporter`)];
+  const mountDir = configMountDir(name);
+  const files = [...quadlets, configPath(name), `${mountDir}/${name}.yaml`];
+  return `# ${name}: remove
+${PRELUDE}${UNIT_FN}${CHECK_FNS}
+removed=0
+gone() { removed=$((removed + 1)); say removed "$@"; }
+
+step=ownership
+${files.map((f) => `check_owner ${q(f)} ${q(opts.uid ?? "")}`).join("\n")}
+refuse_if_errors
+
+step=stop
+for u in ${EX} ${RT}; do
+  unit "$u"
+  if [ "$load" = loaded ]; then
+    case "$active" in
+    inactive | failed) ;;
+    *)
+      systemctl stop "$u"
+      say stopped "$u"
+      ;;
+    esac
+  fi
+done
+
+step=containers
+for c in ${q(`${name}-exporter`)} ${q(`${name}-runtime`)}; do
+  if podman container exists "$c"; then
+    podman rm -f --ignore "$c" >/dev/null
+    gone container "$c"
+  fi
+done
+
+step=files
+quadlet_gone=0
+for f in ${files.map(q).join(" ")}; do
+  if [ -e "$f" ]; then
+    rm -f "$f"
+    gone file "$f"
+    case "$f" in *.container) quadlet_gone=1 ;; esac
+  fi
+done
+for f in ${files.map((f) => `${q(tempGlob(f))}*`).join(" ")}; do
+  if [ -e "$f" ]; then
+    rm -f "$f"
+    gone file "$f"
+  fi
+done
+if [ -d ${q(mountDir)} ]; then
+  rmdir ${q(mountDir)}
+  gone dir ${q(mountDir)}
+fi
+
+step=volume
+if podman volume exists ${q(volumeName(name))}; then
+  podman volume rm -f ${q(volumeName(name))} >/dev/null
+  gone volume ${q(volumeName(name))}
+fi
+
+step=daemon-reload
+if [ "$quadlet_gone" = 1 ]; then
+  systemctl daemon-reload
+  say reloaded
+fi
+# a unit that failed lingers in systemctl's list after its file is gone
+systemctl reset-failed ${EX} ${RT} >/dev/null 2>&1 || true
+if [ "$removed" = 0 ]; then say removed nothing; fi
+say "done"
+`;
+}
+
+/**
+ * One round trip that describes the host and every instance we manage on it, including half-deployed leftovers: a
+ * config without quadlets, a container or volume without files.
+ */
+export function inspectScript(): string {
+  const q = shQuote;
+  return `# inspect
+${PRELUDE}
+step=versions
+v=$(podman --version 2>/dev/null || true)
+say podman "\${v##* }"
+v=$(systemctl --version 2>/dev/null | head -n 1 || true)
+v=\${v#systemd }
+say systemd "\${v%% *}"
+g=none
+for c in ${GENERATORS.map(q).join(" ")}; do
+  if [ -x "$c" ]; then g=$c; break; fi
+done
+say generator "$g"
+if [ -c /dev/kvm ]; then say kvm yes; else say kvm no; fi
+
+step=disk
+for d in /etc /var/lib/containers; do
+  p=$d
+  while [ -n "$p" ] && [ ! -e "$p" ]; do p=\${p%/*}; done
+  say disk "$d" "$(df -Pk "\${p:-/}" | awk 'NR == 2 { print $4 }')"
+done
+
+step=files
+for f in ${q(QUADLET_DIR)}/*-runtime.container ${q(QUADLET_DIR)}/*-exporter.container ${q(CONFIG_DIR)}/*.yaml ${
+    q(CONFIG_DIR)
+  }/*.d/*.yaml; do
+  if [ ! -f "$f" ]; then continue; fi
+  o=$(head -n 2 "$f" | sed -n 's/^${sedEscape(OWNER_PREFIX)}//p')
+  if [ -z "$o" ]; then continue; fi
+  b=\${f##*/}
+  case "$b" in
+  *-runtime.container) say file runtime "\${b%-runtime.container}" "$f" "$o" ;;
+  *-exporter.container) say file exporter "\${b%-exporter.container}" "$f" "$o" ;;
+  *) say file config "\${b%.yaml}" "$f" "$o" ;;
+  esac
+done
+
+step=units
+systemctl list-units --all --plain --no-legend --no-pager '*-runtime.service' '*-exporter.service' 2>/dev/null |
+  while read -r u load active sub _description; do say unit "$u" "$load" "$active" "$sub"; done
+
+if ! command -v podman >/dev/null 2>&1; then
+  say "done"
+  exit 0
+fi
+step=containers
+podman ps -a --filter label=${PROVISIONER}/role \\
+  --format '{{index .Labels "jumpstarter.dev/exporter"}} {{.Names}} {{.State}} {{index .Labels "${PROVISIONER}/uid"}}' |
+  while read -r n c s u; do say container "$n" "$c" "$s" "$u"; done
+
+step=volumes
+podman volume ls --format '{{.Name}}' | while read -r v; do
+  case "$v" in jumpstarter-*-shared) say volume "$v" ;; esac
+done
+say "done"
+`;
+}
+
+// ---------------------------------------------------------------- parsing
+
+export type ErrorCode =
+  | "missing-tool"
+  | "not-owned"
+  | "owner-conflict"
+  | "unit-missing"
+  | "unit-shadowed"
+  | "kvm-missing"
+  | "device-missing"
+  | "step-failed"
+  | "incomplete"
+  | "exit";
+
+export interface ScriptError {
+  code: ErrorCode | string;
+  message: string;
+}
+
+export interface UnitState {
+  active: string;
+  sub: string;
+  restarts: number;
+}
+
+export interface ApplyReport {
+  ok: boolean;
+  changed: string[];
+  volumeCreated: boolean;
+  reloaded: boolean;
+  restarted: string[];
+  hupped: string[];
+  started: string[];
+  /** Exporters left stopped after they ended by themselves (keepExited). */
+  exited: string[];
+  states: Record<string, UnitState>;
+  errors: ScriptError[];
+}
+
+export interface RemoveReport {
+  ok: boolean;
+  removed: { kind: string; name: string }[];
+  stopped: string[];
+  reloaded: boolean;
+  errors: ScriptError[];
+}
+
+export interface InspectedInstance {
+  name: string;
+  /** From the ownership lines of the files; absent for leftovers that have no files. */
+  namespace?: string;
+  set?: string;
+  uid?: string;
+  /** Files found by kind (runtime and exporter quadlets, config): fewer than three is a half-deployed instance. */
+  files: { kind: "runtime" | "exporter" | "config"; path: string }[];
+  /** Files whose ownership lines disagree (someone copied files around): do not trust the owner fields. */
+  ownerMismatch: boolean;
+  runtime?: { load: string; active: string; sub: string };
+  exporter?: { load: string; active: string; sub: string };
+  containers: { name: string; state: string; uid: string }[];
+  volume: boolean;
+}
+
+export interface HostInspection {
+  ok: boolean;
+  podmanVersion?: string;
+  systemdVersion?: number;
+  generator?: string;
+  kvm: boolean;
+  /** Free space in KiB by the path asked about (/etc, /var/lib/containers). */
+  diskFreeKiB: Record<string, number>;
+  instances: InspectedInstance[];
+  errors: ScriptError[];
+}
+
+interface Lines {
+  lines: string[][];
+  errors: ScriptError[];
+}
+
+/** The `qsp` lines split into words, and the errors: reported ones plus what the exit status and stderr tell. */
+function scan(stdout: string, stderr: string, exitCode: number): Lines {
+  const lines: string[][] = [];
+  const errors: ScriptError[] = [];
+  let done = false;
+  for (const raw of stdout.split("\n")) {
+    if (!raw.startsWith("qsp ")) continue;
+    const words = raw.slice(4).trimEnd().split(" ");
+    if (words[0] === "error") {
+      errors.push({ code: words[1] ?? "", message: words.slice(2).join(" ") });
+    } else if (words[0] === "done") done = true;
+    else lines.push(words);
+  }
+  const why = stderr.trim().split("\n").filter((l) => l.trim()).slice(-3).join(" | ");
+  if (!done && !errors.some((e) => e.code === "step-failed")) {
+    errors.push({
+      code: "incomplete",
+      message: `the script did not finish (exit ${exitCode})${why ? `: ${why}` : ""}`,
+    });
+  } else if (exitCode !== 0 && errors.length === 0) {
+    errors.push({ code: "exit", message: `exit ${exitCode}${why ? `: ${why}` : ""}` });
+  } else if (why) {
+    const failed = errors.find((e) => e.code === "step-failed");
+    if (failed) failed.message += `: ${why}`;
+  }
+  return { lines, errors };
+}
+
+export function parseApplyOutput(stdout: string, stderr: string, exitCode: number): ApplyReport {
+  const { lines, errors } = scan(stdout, stderr, exitCode);
+  const report: ApplyReport = {
+    ok: errors.length === 0,
+    changed: [],
+    volumeCreated: false,
+    reloaded: false,
+    restarted: [],
+    hupped: [],
+    started: [],
+    exited: [],
+    states: {},
+    errors,
+  };
+  for (const [kind, a, ...rest] of lines) {
+    if (kind === "changed") report.changed.push(a);
+    else if (kind === "volume-created") report.volumeCreated = true;
+    else if (kind === "reloaded") report.reloaded = true;
+    else if (kind === "restarted") report.restarted.push(a);
+    else if (kind === "hup") report.hupped.push(a);
+    else if (kind === "started") report.started.push(a);
+    else if (kind === "exited") report.exited.push(a);
+    else if (kind === "state") report.states[a] = { active: rest[0], sub: rest[1], restarts: Number(rest[2]) || 0 };
+  }
+  return report;
+}
+
+export function parseRemoveOutput(stdout: string, stderr: string, exitCode: number): RemoveReport {
+  const { lines, errors } = scan(stdout, stderr, exitCode);
+  const report: RemoveReport = { ok: errors.length === 0, removed: [], stopped: [], reloaded: false, errors };
+  for (const [kind, a, b] of lines) {
+    if (kind === "removed" && a !== "nothing") report.removed.push({ kind: a, name: b });
+    else if (kind === "stopped") report.stopped.push(a);
+    else if (kind === "reloaded") report.reloaded = true;
+  }
+  return report;
+}
+
+export function parseInspectOutput(stdout: string, stderr: string, exitCode: number): HostInspection {
+  const { lines, errors } = scan(stdout, stderr, exitCode);
+  const out: HostInspection = { ok: errors.length === 0, kvm: false, diskFreeKiB: {}, instances: [], errors };
+  const byName = new Map<string, InspectedInstance>();
+  const instance = (name: string) => {
+    let i = byName.get(name);
+    if (!i) {
+      i = { name, files: [], ownerMismatch: false, containers: [], volume: false };
+      byName.set(name, i);
+    }
+    return i;
+  };
+  const units: Record<string, { load: string; active: string; sub: string }> = {};
+  for (const [kind, ...w] of lines) {
+    if (kind === "podman" && w[0]) out.podmanVersion = w[0];
+    else if (kind === "systemd" && /^[0-9]+/.test(w[0] ?? "")) out.systemdVersion = parseInt(w[0], 10);
+    else if (kind === "generator" && w[0] !== "none") out.generator = w[0];
+    else if (kind === "kvm") out.kvm = w[0] === "yes";
+    else if (kind === "disk" && w.length >= 2) out.diskFreeKiB[w[0]] = Number(w[1]);
+    else if (kind === "file") {
+      const [fileKind, name, path, ...owner] = w;
+      const i = instance(name);
+      i.files.push({ kind: fileKind as InspectedInstance["files"][number]["kind"], path });
+      const kv = Object.fromEntries(owner.map((p) => p.split("=", 2) as [string, string]));
+      if (i.uid === undefined) Object.assign(i, { namespace: kv.namespace, set: kv.set, uid: kv.uid });
+      else if (i.uid !== kv.uid || i.namespace !== kv.namespace) i.ownerMismatch = true;
+    } else if (kind === "unit") units[w[0]] = { load: w[1], active: w[2], sub: w[3] };
+    else if (kind === "container") instance(w[0]).containers.push({ name: w[1], state: w[2], uid: w[3] });
+    else if (kind === "volume") instance(w[0].replace(/^jumpstarter-/, "").replace(/-shared$/, "")).volume = true;
+  }
+  for (const i of byName.values()) {
+    i.runtime = units[`${i.name}-runtime.service`];
+    i.exporter = units[`${i.name}-exporter.service`];
+    if (i.uid === undefined) i.uid = i.containers.find((c) => c.uid)?.uid;
+  }
+  out.instances = [...byName.values()].sort((a, b) => a.name.localeCompare(b.name));
+  return out;
+}

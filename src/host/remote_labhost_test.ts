@@ -1,0 +1,397 @@
+/**
+ * The apply, remove and inspect scripts run for real on a simulated lab host (test/labhost: systemd 257, podman 5.4
+ * with quadlet, /dev/kvm, stand-in images whose exporter checks the launcher socket, the tcp target and /dev/kvm).
+ * Needs root (network namespaces, bridge, systemd-nspawn); it is skipped otherwise.
+ */
+import assert from "node:assert/strict";
+import {
+  type ExecResult,
+  hostExec,
+  type LabHost,
+  type LabNet,
+  startLabHosts,
+  stopLabHosts,
+} from "../../test/labhost/labhost.ts";
+import type { InstanceParams } from "../provision/params.ts";
+import { type Instance, type RenderedInstance, renderInstance } from "./render.ts";
+import {
+  type ApplyReport,
+  applyScript,
+  inspectScript,
+  parseApplyOutput,
+  parseInspectOutput,
+  parseRemoveOutput,
+  removeScript,
+  shellCommand,
+} from "./remote.ts";
+
+const net: LabNet = { dir: "/tmp/qsp-remote-test-lab", bridge: "qsplab3", subnet: "10.80.0" };
+const isRoot = Deno.uid() === 0;
+
+const params: InstanceParams = {
+  host: { name: "h1", user: "root", port: 22 },
+  runtime: { kvm: true, devices: [] },
+  arch: "aarch64",
+  cpu: 4,
+  memory: "4Gi",
+  storage: "16Gi",
+  images: {
+    exporter: { image: "quay.io/jumpstarter-dev/jumpstarter:latest", pullPolicy: "IfNotPresent" },
+    runtime: { image: "quay.io/jumpstarter-dev/virtual/qemu-runtime:latest", pullPolicy: "IfNotPresent" },
+  },
+};
+
+function instance(ns: string, name: string, uid: string, over: Partial<Instance> = {}): Instance {
+  return {
+    namespace: ns,
+    name,
+    uid,
+    setName: "aarch64-ssh-pool",
+    params,
+    drivers: [{ name: "qemu", type: "jumpstarter_driver_qemu.driver.Qemu" }],
+    exitOnLeaseEnd: true,
+    endpoint: "grpc.jumpstarter.example:443",
+    token: `eyJ.token-one-${name}`,
+    caBundle: "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+    ...over,
+  };
+}
+
+/** Sends a script on stdin the way the product does: `sh -s` (or `sudo -n sh -s`), nothing secret in argv. */
+async function runScript(host: LabHost, script: string, command = shellCommand(host.user)): Promise<ExecResult> {
+  const p = new Deno.Command("ssh", {
+    args: [
+      ...["-F", "/dev/null", "-i", host.privateKeyPath, "-p", String(host.port), "-o", "BatchMode=yes"],
+      ...["-o", "LogLevel=ERROR", "-o", "StrictHostKeyChecking=yes", "-o", `UserKnownHostsFile=${host.knownHostsPath}`],
+      `${host.user}@${host.address}`,
+      command,
+    ],
+    stdin: "piped",
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+  const w = p.stdin.getWriter();
+  await w.write(new TextEncoder().encode(script));
+  await w.close();
+  const out = await p.output();
+  const dec = new TextDecoder();
+  return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
+}
+
+async function apply(
+  host: LabHost,
+  r: RenderedInstance,
+  opts: { command?: string; keepExited?: boolean } = {},
+): Promise<ApplyReport> {
+  const out = await runScript(host, applyScript(r, { kvmRequired: true, keepExited: opts.keepExited }), opts.command);
+  return parseApplyOutput(out.stdout, out.stderr, out.code);
+}
+
+function assertApplied(report: ApplyReport) {
+  assert.ok(report.ok, JSON.stringify(report.errors));
+  for (const [unit, s] of Object.entries(report.states)) {
+    assert.equal(s.active, "active", `${unit}: ${JSON.stringify(s)}`);
+  }
+  assert.equal(Object.keys(report.states).length, 2);
+}
+
+async function sh(host: LabHost, command: string): Promise<string> {
+  const r = await hostExec(host, command);
+  assert.equal(r.code, 0, `${command}\nexit ${r.code}\n${r.stderr}${r.stdout}`);
+  return r.stdout;
+}
+
+async function pollUntil(what: string, probe: () => Promise<boolean>, timeoutMs = 60_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (!(await probe())) {
+    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 250));
+  }
+}
+
+const journal = (host: LabHost, unit: string) => sh(host, `journalctl -u ${unit} -o cat --no-pager`);
+const count = (s: string, re: RegExp) => s.match(new RegExp(re.source, "g"))?.length ?? 0;
+const HEALTHY = /launcher=ok tcp=ok kvm=present/;
+
+/** Waits until the exporter has logged a healthy line more than `before` times. */
+async function waitHealthy(host: LabHost, name: string, before = 0) {
+  await pollUntil(
+    `${name} exporter healthy`,
+    async () => count(await journal(host, `${name}-exporter`), HEALTHY) > before,
+  );
+}
+
+/** PID and start time of a container: unchanged means not restarted. */
+const started = (host: LabHost, c: string) => sh(host, `podman inspect -f '{{.State.Pid}} {{.State.StartedAt}}' ${c}`);
+
+const ms = (d: number) => `${Math.round(d)} ms`;
+
+Deno.test({
+  name: "remote scripts on a lab host: apply, no-op, token rotation, drift, refusals, inspect, remove",
+  ignore: !isRoot,
+  sanitizeResources: false,
+  sanitizeOps: false,
+}, async (t) => {
+  const timings: string[] = [];
+  try {
+    const [host] = await startLabHosts(net, 1);
+    const a = instance("team-a", "pool-a1", "aaaaaaaa-0000-4000-8000-000000000001");
+    const b = instance("team-b", "pool-b1", "bbbbbbbb-0000-4000-8000-000000000002");
+
+    await t.step("two instances on one host come up healthy, each in its own network namespace", async () => {
+      for (const inst of [a, b]) {
+        const t0 = performance.now();
+        const report = await apply(host, renderInstance(inst));
+        timings.push(`apply cold ${inst.name}: ${ms(performance.now() - t0)}`);
+        assertApplied(report);
+        assert.equal(report.changed.length, 4, JSON.stringify(report.changed));
+        assert.deepEqual([report.reloaded, report.volumeCreated], [true, true]);
+        assert.deepEqual(report.started, [`${inst.name}-runtime.service`, `${inst.name}-exporter.service`]);
+      }
+      for (const inst of [a, b]) {
+        await waitHealthy(host, inst.name);
+        const log = await journal(host, `${inst.name}-exporter`);
+        assert.match(log, new RegExp(`name=${inst.namespace}/${inst.name} endpoint=grpc\\.jumpstarter\\.example:443`));
+        assert.ok(!log.includes("token-one"), "the token is not logged");
+      }
+      const nsOf = (c: string) => sh(host, `readlink /proc/$(podman inspect -f '{{.State.Pid}}' ${c})/ns/net`);
+      assert.equal(await nsOf("pool-a1-exporter"), await nsOf("pool-a1-runtime"));
+      assert.notEqual(await nsOf("pool-a1-runtime"), await nsOf("pool-b1-runtime"));
+      const perms = await sh(
+        host,
+        "stat -c '%a %n' /etc/jumpstarter/exporters && stat -c '%a %h %n' /etc/jumpstarter/exporters/pool-a1.yaml",
+      );
+      assert.equal(perms, "700 /etc/jumpstarter/exporters\n600 2 /etc/jumpstarter/exporters/pool-a1.yaml\n");
+      // quadlet units cannot be enabled, [Install] wires them into the boot target
+      assert.match(await sh(host, "ls /run/systemd/generator/multi-user.target.wants/"), /pool-a1-exporter\.service/);
+    });
+
+    await t.step("applying again changes nothing and restarts nothing", async () => {
+      const before = await started(host, "pool-a1-runtime pool-a1-exporter");
+      const t0 = performance.now();
+      const report = await apply(host, renderInstance(a));
+      timings.push(`apply no-op: ${ms(performance.now() - t0)}`);
+      assertApplied(report);
+      assert.deepEqual(
+        [report.changed, report.reloaded, report.restarted, report.hupped, report.started, report.volumeCreated],
+        [[], false, [], [], [], false],
+      );
+      assert.equal(await started(host, "pool-a1-runtime pool-a1-exporter"), before);
+    });
+
+    await t.step("a new token rewrites only the config, HUPs the exporter, and QEMU keeps running", async () => {
+      const before = await started(host, "pool-a1-runtime pool-a1-exporter");
+      const reloadsBefore = count(await journal(host, "pool-a1-exporter"), /SIGHUP, reloaded/);
+      const rotated = { ...a, token: "eyJ.token-two-pool-a1" };
+      const report = await apply(host, renderInstance(rotated));
+      assertApplied(report);
+      assert.deepEqual(report.changed, [
+        "/etc/jumpstarter/exporters/pool-a1.d/pool-a1.yaml",
+        "/etc/jumpstarter/exporters/pool-a1.yaml",
+      ]);
+      assert.deepEqual([report.reloaded, report.restarted, report.hupped], [false, [], ["pool-a1-exporter.service"]]);
+      await pollUntil("exporter reload", async () => {
+        return count(await journal(host, "pool-a1-exporter"), /SIGHUP, reloaded/) > reloadsBefore;
+      });
+      // the container sees the new file through its directory mount, without a restart
+      assert.match(
+        await sh(host, "podman exec pool-a1-exporter grep -c token-two /etc/jumpstarter/exporters/pool-a1.yaml"),
+        /^1$/m,
+      );
+      assert.equal(await started(host, "pool-a1-runtime pool-a1-exporter"), before);
+      // and a second apply with that token is a no-op again
+      const again = await apply(host, renderInstance(rotated));
+      assert.deepEqual([again.changed, again.hupped], [[], []]);
+      Object.assign(a, rotated);
+    });
+
+    await t.step("drift: a quadlet and the config link deleted by hand are put back without restarting", async () => {
+      const before = await started(host, "pool-a1-runtime pool-a1-exporter");
+      await sh(host, "rm /etc/containers/systemd/pool-a1-runtime.container /etc/jumpstarter/exporters/pool-a1.yaml");
+      const report = await apply(host, renderInstance(a));
+      assertApplied(report);
+      assert.deepEqual(report.changed, [
+        "/etc/jumpstarter/exporters/pool-a1.yaml",
+        "/etc/containers/systemd/pool-a1-runtime.container",
+      ]);
+      assert.equal(report.reloaded, true);
+      assert.deepEqual([report.restarted, report.hupped], [[], []], "same content: nothing to restart");
+      assert.equal(await started(host, "pool-a1-runtime pool-a1-exporter"), before);
+      assert.equal(
+        await sh(
+          host,
+          "stat -c %i /etc/jumpstarter/exporters/pool-a1.yaml /etc/jumpstarter/exporters/pool-a1.d/pool-a1.yaml | uniq | wc -l",
+        ),
+        "1\n",
+        "the link is one inode with the mounted file again",
+      );
+    });
+
+    await t.step("a runtime quadlet change restarts both units, an exporter change only the exporter", async () => {
+      const healthy = count(await journal(host, "pool-b1-exporter"), HEALTHY);
+      const rtBefore = await started(host, "pool-b1-runtime");
+      const neverPull = {
+        ...params,
+        images: { ...params.images, runtime: { ...params.images.runtime, pullPolicy: "Never" as const } },
+      };
+      const report = await apply(host, renderInstance({ ...b, params: neverPull }));
+      assertApplied(report);
+      assert.deepEqual(report.changed, ["/etc/containers/systemd/pool-b1-runtime.container"]);
+      assert.deepEqual(report.restarted, ["pool-b1-runtime.service", "pool-b1-exporter.service"]);
+      assert.notEqual(await started(host, "pool-b1-runtime"), rtBefore);
+      await waitHealthy(host, "pool-b1", healthy);
+
+      const rtNow = await started(host, "pool-b1-runtime");
+      const exBefore = await started(host, "pool-b1-exporter");
+      const both = {
+        ...neverPull,
+        images: { ...neverPull.images, exporter: { ...neverPull.images.exporter, pullPolicy: "Never" as const } },
+      };
+      const report2 = await apply(host, renderInstance({ ...b, params: both }));
+      assertApplied(report2);
+      assert.deepEqual(report2.restarted, ["pool-b1-exporter.service"]);
+      assert.equal(await started(host, "pool-b1-runtime"), rtNow);
+      assert.notEqual(await started(host, "pool-b1-exporter"), exBefore);
+      await waitHealthy(host, "pool-b1", healthy + 1);
+    });
+
+    await t.step("ExitAndReplace: an exporter that ended after its lease stays down and is reported", async () => {
+      const rt = await started(host, "pool-a1-runtime");
+      // SIGINT makes the stand-in exit 0, as `jmp run` does when exitOnLeaseEnd ends it after a lease
+      await sh(host, "podman kill --signal INT pool-a1-exporter");
+      await pollUntil("exporter exit", async () => {
+        return (await hostExec(host, "systemctl is-active pool-a1-exporter.service")).stdout.trim() === "inactive";
+      });
+      const kept = await apply(host, renderInstance(a), { keepExited: true });
+      assert.ok(kept.ok, JSON.stringify(kept.errors));
+      assert.deepEqual([kept.exited, kept.started, kept.restarted], [["pool-a1-exporter.service"], [], []]);
+      assert.equal(kept.states["pool-a1-exporter.service"].active, "inactive");
+      assert.equal(kept.states["pool-a1-runtime.service"].active, "active");
+      assert.equal(await started(host, "pool-a1-runtime"), rt, "QEMU is left alone");
+
+      // InPlaceReuse (or an exporter the controller keeps): the apply brings it back
+      const healthy = count(await journal(host, "pool-a1-exporter"), HEALTHY);
+      const back = await apply(host, renderInstance(a));
+      assertApplied(back);
+      assert.deepEqual([back.exited, back.started], [[], ["pool-a1-exporter.service"]]);
+      await waitHealthy(host, "pool-a1", healthy);
+    });
+
+    await t.step("refusals: another uid's files, a quadlet that generates no service, missing devices", async () => {
+      const files = "/etc/containers/systemd/pool-a1-*.container /etc/jumpstarter/exporters/pool-a1.yaml";
+      const sums = await sh(host, `sha256sum ${files}`);
+      const intruder = instance("team-z", "pool-a1", "zzzzzzzz-0000-4000-8000-000000000009");
+      const conflict = await apply(host, renderInstance(intruder));
+      assert.equal(conflict.ok, false);
+      assert.deepEqual(new Set(conflict.errors.map((e) => e.code)), new Set(["owner-conflict"]));
+      assert.match(conflict.errors[0].message, /uid=aaaaaaaa-0000-4000-8000-000000000001, not uid=zzzzzzzz-/);
+      assert.deepEqual(conflict.changed, []);
+      assert.equal(await sh(host, `sha256sum ${files}`), sums, "nothing of the owner's was touched");
+      const removeConflict = await runScript(host, removeScript("pool-a1", { uid: intruder.uid }));
+      assert.deepEqual(
+        parseRemoveOutput(removeConflict.stdout, removeConflict.stderr, removeConflict.code).errors.map((e) =>
+          e.code
+        )[0],
+        "owner-conflict",
+      );
+
+      // a key podman does not know makes quadlet skip the file: the service silently does not exist
+      const c = renderInstance(instance("team-c", "pool-c1", "cccccccc-0000-4000-8000-000000000003"));
+      const rt = c.files.find((f) => f.path.endsWith("-runtime.container"))!;
+      rt.content = rt.content.replace("[Container]\n", "[Container]\nNoSuchKey=1\n");
+      const bad = await apply(host, c);
+      assert.equal(bad.ok, false);
+      assert.equal(bad.errors.length, 1, JSON.stringify(bad.errors));
+      assert.equal(bad.errors[0].code, "unit-missing");
+      assert.match(bad.errors[0].message, /pool-c1-runtime\.service: .*NoSuchKey/);
+
+      const d = renderInstance(instance("team-d", "pool-d1", "dddddddd-0000-4000-8000-000000000004", {
+        params: { ...params, runtime: { kvm: true, devices: ["/dev/qsp-no-such-device"] } },
+      }));
+      // the script runs where /dev/kvm is hidden (a private mount namespace); the host itself keeps it
+      const noKvm = "unshare -m --propagation private sh -c 'touch /run/qsp-no-kvm && mount --bind /run/qsp-no-kvm " +
+        "/dev/kvm && exec sh -s'";
+      const missing = await apply(host, d, { command: noKvm });
+      assert.deepEqual(missing.errors.map((e) => e.code), ["kvm-missing", "device-missing"]);
+      assert.deepEqual(missing.started, [], "nothing is started on a host that lacks the devices");
+      assert.equal(
+        await sh(host, "systemctl is-active pool-d1-runtime.service pool-d1-exporter.service || true"),
+        "inactive\ninactive\n",
+      );
+    });
+
+    await t.step("inspect lists every managed instance with its owner, including half-deployed ones", async () => {
+      // as a non-root user through sudo, the way a host with `user: lab` is driven
+      const out = await runScript({ ...host, user: "lab" }, inspectScript());
+      const h = parseInspectOutput(out.stdout, out.stderr, out.code);
+      assert.ok(h.ok, JSON.stringify(h.errors));
+      assert.match(h.podmanVersion ?? "", /^5\./);
+      assert.ok((h.systemdVersion ?? 0) >= 254);
+      assert.equal(h.generator, "/usr/lib/systemd/system-generators/podman-system-generator");
+      assert.equal(h.kvm, true);
+      assert.ok(h.diskFreeKiB["/etc"] > 0 && h.diskFreeKiB["/var/lib/containers"] > 0);
+      assert.deepEqual(
+        h.instances.map((i) => [i.name, i.namespace, i.set, i.uid, i.runtime?.active, i.exporter?.active, i.volume]),
+        [
+          ["pool-a1", "team-a", "aarch64-ssh-pool", a.uid, "active", "active", true],
+          ["pool-b1", "team-b", "aarch64-ssh-pool", b.uid, "active", "active", true],
+          [
+            "pool-c1",
+            "team-c",
+            "aarch64-ssh-pool",
+            "cccccccc-0000-4000-8000-000000000003",
+            "inactive",
+            "inactive",
+            true,
+          ],
+          [
+            "pool-d1",
+            "team-d",
+            "aarch64-ssh-pool",
+            "dddddddd-0000-4000-8000-000000000004",
+            "inactive",
+            "inactive",
+            true,
+          ],
+        ],
+      );
+      assert.deepEqual(h.instances[0].containers.map((c) => c.name).sort(), ["pool-a1-exporter", "pool-a1-runtime"]);
+      assert.equal(h.instances[0].files.length, 4, "both quadlets, the config and its mounted twin");
+      // the runtime quadlet of pool-c1 generated nothing: the unit is only known as the exporter's dependency
+      assert.equal(h.instances[2].runtime?.load, "not-found");
+    });
+
+    await t.step("remove leaves nothing behind, and removing again is fine", async () => {
+      for (const name of ["pool-a1", "pool-b1", "pool-c1", "pool-d1"]) {
+        const t0 = performance.now();
+        const out = await runScript(host, removeScript(name));
+        if (name === "pool-a1") timings.push(`remove: ${ms(performance.now() - t0)}`);
+        const report = parseRemoveOutput(out.stdout, out.stderr, out.code);
+        assert.ok(report.ok, JSON.stringify(report.errors));
+        assert.equal(report.reloaded, true);
+        assert.ok(report.removed.some((r) => r.kind === "volume"));
+      }
+      const again = await runScript(host, removeScript("pool-a1"));
+      assert.equal(again.code, 0);
+      assert.match(again.stdout, /^qsp removed nothing$/m);
+      assert.deepEqual(parseRemoveOutput(again.stdout, again.stderr, again.code).removed, []);
+
+      assert.equal(await sh(host, "systemctl list-units --all --no-legend 'pool-*'"), "");
+      assert.equal(await sh(host, "podman ps -a --format '{{.Names}}'"), "");
+      assert.equal(await sh(host, "podman volume ls -q"), "");
+      assert.equal(
+        await sh(
+          host,
+          "ls -A /etc/jumpstarter/exporters /etc/containers/systemd | grep -v '^users$' | grep -v '^/' | grep -v '^$' || true",
+        ),
+        "",
+      );
+      assert.equal((await sh(host, "systemctl show -p NFailedUnits --value")).trim(), "0");
+      const h = await runScript(host, inspectScript());
+      assert.deepEqual(parseInspectOutput(h.stdout, h.stderr, h.code).instances, []);
+    });
+  } finally {
+    await stopLabHosts(net);
+    console.log(timings.join("\n"));
+  }
+});

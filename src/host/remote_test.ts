@@ -1,0 +1,278 @@
+import assert from "node:assert/strict";
+import type { InstanceParams } from "../provision/params.ts";
+import { renderInstance } from "./render.ts";
+import {
+  applyScript,
+  inspectScript,
+  parseApplyOutput,
+  parseInspectOutput,
+  parseRemoveOutput,
+  removeScript,
+  shellCommand,
+  shQuote,
+} from "./remote.ts";
+
+const params: InstanceParams = {
+  host: { name: "lab-host-01.example.com", user: "root", port: 22 },
+  runtime: { kvm: true, devices: ["/dev/ttyUSB0:/dev/ttyS1"] },
+  arch: "aarch64",
+  cpu: 4,
+  memory: "4Gi",
+  storage: "16Gi",
+  images: {
+    exporter: { image: "quay.io/jumpstarter-dev/jumpstarter:latest", pullPolicy: "IfNotPresent" },
+    runtime: { image: "quay.io/jumpstarter-dev/virtual/qemu-runtime:latest", pullPolicy: "IfNotPresent" },
+  },
+};
+const TOKEN = "eyJhbGciOiJSUzI1NiJ9.very-secret-token";
+const rendered = renderInstance({
+  namespace: "jumpstarter",
+  name: "pool-x7k2p",
+  uid: "0b7e6c1a-5f7d-4a8e-9c39-2f1d7e0a6b11",
+  setName: "pool",
+  params,
+  drivers: [{ name: "qemu", type: "jumpstarter_driver_qemu.driver.Qemu" }],
+  exitOnLeaseEnd: true,
+  endpoint: "grpc.example.com:443",
+  token: TOKEN,
+  caBundle: "",
+});
+
+/** dash's parser, the shell a Debian host runs the scripts with. */
+async function assertParses(script: string) {
+  const p = new Deno.Command("dash", { args: ["-n"], stdin: "piped", stderr: "piped" }).spawn();
+  const w = p.stdin.getWriter();
+  await w.write(new TextEncoder().encode(script));
+  await w.close();
+  const out = await p.output();
+  assert.equal(out.code, 0, new TextDecoder().decode(out.stderr));
+}
+
+Deno.test("shellCommand: root runs sh, others go through passwordless sudo", () => {
+  assert.equal(shellCommand("root"), "sh -s");
+  assert.equal(shellCommand("lab"), "sudo -n sh -s");
+});
+
+Deno.test("shQuote survives a round trip through sh", async () => {
+  for (const s of ["plain", "it's", '$(id) `id` "q" \\ %n', "a\nb", "'''", ""]) {
+    const out = await new Deno.Command("dash", { args: ["-c", `printf '%s' ${shQuote(s)}`] }).output();
+    assert.equal(new TextDecoder().decode(out.stdout), s);
+  }
+});
+
+Deno.test("applyScript: valid sh, secrets only as base64, every path ownership-checked", async () => {
+  const s = applyScript(rendered, { kvmRequired: true });
+  await assertParses(s);
+  assert.ok(!s.includes(TOKEN), "the token never appears in clear, so a traced shell or log shows no secret");
+  assert.match(s, /^set -eu$/m);
+  for (const f of rendered.files) {
+    for (const p of [f.path, ...f.links]) assert.match(s, new RegExp(`^check_owner '${p}' "\\$UID_"$`, "m"));
+    assert.match(s, new RegExp(`^put '${f.path}' ${f.mode.toString(8)} [0-9a-f]{64} '[A-Za-z0-9+/=]+'$`, "m"));
+  }
+  assert.match(
+    s,
+    /^link '\/etc\/jumpstarter\/exporters\/pool-x7k2p\.d\/pool-x7k2p\.yaml' '\/etc\/jumpstarter\/exporters\/pool-x7k2p\.yaml'$/m,
+  );
+  assert.match(s, /^chmod 0700 '\/etc\/jumpstarter\/exporters\/pool-x7k2p\.d' '\/etc\/jumpstarter\/exporters'$/m);
+  assert.match(s, /podman volume exists 'jumpstarter-pool-x7k2p-shared'/);
+  assert.match(s, /podman kill --signal HUP 'pool-x7k2p-exporter'/);
+  assert.match(s, /kvm-missing/);
+  assert.match(s, /if \[ ! -e '\/dev\/ttyUSB0' \]; then err 'device-missing \/dev\/ttyUSB0/);
+  assert.doesNotMatch(s, /systemctl enable/, "generated units cannot be enabled; [Install] does it");
+  assert.doesNotMatch(applyScript(rendered, { kvmRequired: false }), /kvm-missing/);
+  assert.match(applyScript(rendered, { kvmRequired: false, settleSeconds: 3 }), /while \[ "\$i" -lt 15 \]/);
+  assert.match(s, /^if \[ 0 = 1 \] && \[ "\$active" = inactive \]/m, "exited exporters are restarted by default");
+  assert.match(
+    applyScript(rendered, { kvmRequired: true, keepExited: true }),
+    /^if \[ 1 = 1 \] && \[ "\$active" = inactive \]/m,
+  );
+});
+
+Deno.test("removeScript and inspectScript are valid sh; remove checks the owner uid when given one", async () => {
+  const r = removeScript("pool-x7k2p", { uid: "0b7e6c1a" });
+  await assertParses(r);
+  await assertParses(removeScript("pool-x7k2p"));
+  await assertParses(inspectScript());
+  assert.match(r, /^check_owner '\/etc\/containers\/systemd\/pool-x7k2p-runtime\.container' '0b7e6c1a'$/m);
+  assert.match(r, /podman volume rm -f 'jumpstarter-pool-x7k2p-shared'/);
+  assert.match(r, /'\/etc\/jumpstarter\/exporters\/\.pool-x7k2p\.yaml\.qsp-tmp\.'\*/, "temp files are swept");
+  assert.match(removeScript("pool-x7k2p"), /^check_owner '\/etc\/jumpstarter\/exporters\/pool-x7k2p\.yaml' ''$/m);
+});
+
+Deno.test("parseApplyOutput: a first apply", () => {
+  const out = `Warning: some tool noise
+qsp changed /etc/jumpstarter/exporters/p.d/p.yaml
+qsp changed /etc/jumpstarter/exporters/p.yaml
+qsp changed /etc/containers/systemd/p-runtime.container
+qsp changed /etc/containers/systemd/p-exporter.container
+qsp volume-created jumpstarter-p-shared
+qsp reloaded
+qsp started p-runtime.service
+qsp started p-exporter.service
+qsp state p-runtime.service active running 0
+qsp state p-exporter.service activating auto-restart 3
+qsp done
+`;
+  assert.deepEqual(parseApplyOutput(out, "", 0), {
+    ok: true,
+    changed: [
+      "/etc/jumpstarter/exporters/p.d/p.yaml",
+      "/etc/jumpstarter/exporters/p.yaml",
+      "/etc/containers/systemd/p-runtime.container",
+      "/etc/containers/systemd/p-exporter.container",
+    ],
+    volumeCreated: true,
+    reloaded: true,
+    restarted: [],
+    hupped: [],
+    started: ["p-runtime.service", "p-exporter.service"],
+    exited: [],
+    states: {
+      "p-runtime.service": { active: "active", sub: "running", restarts: 0 },
+      "p-exporter.service": { active: "activating", sub: "auto-restart", restarts: 3 },
+    },
+    errors: [],
+  });
+});
+
+Deno.test("parseApplyOutput: token rotation, refusals, failed steps and dropped connections", () => {
+  const exited = parseApplyOutput(
+    "qsp exited p-exporter.service\nqsp state p-exporter.service inactive dead 0\nqsp done\n",
+    "",
+    0,
+  );
+  assert.deepEqual([exited.ok, exited.exited, exited.started], [true, ["p-exporter.service"], []]);
+
+  const hup = parseApplyOutput("qsp changed /x.yaml\nqsp hup p-exporter.service\nqsp done\n", "", 0);
+  assert.deepEqual([hup.ok, hup.hupped, hup.restarted, hup.reloaded], [true, ["p-exporter.service"], [], false]);
+
+  const refused = parseApplyOutput(
+    "qsp error owner-conflict /etc/containers/systemd/p-runtime.container belongs to exporter uid=aaa, not uid=bbb\n" +
+      "qsp error kvm-missing /dev/kvm is not present on this host\nqsp done\n",
+    "",
+    2,
+  );
+  assert.equal(refused.ok, false);
+  assert.deepEqual(refused.errors, [
+    {
+      code: "owner-conflict",
+      message: "/etc/containers/systemd/p-runtime.container belongs to exporter uid=aaa, not uid=bbb",
+    },
+    { code: "kvm-missing", message: "/dev/kvm is not present on this host" },
+  ]);
+
+  const failed = parseApplyOutput(
+    "qsp changed /x\nqsp error step-failed daemon-reload (exit 1)\n",
+    "Failed to reload daemon: Access denied\n",
+    1,
+  );
+  assert.deepEqual(failed.errors, [
+    { code: "step-failed", message: "daemon-reload (exit 1): Failed to reload daemon: Access denied" },
+  ]);
+  assert.deepEqual(failed.changed, ["/x"]);
+
+  const cut = parseApplyOutput("qsp changed /x\n", "", 255);
+  assert.deepEqual(cut.errors, [{ code: "incomplete", message: "the script did not finish (exit 255)" }]);
+
+  const sudo = parseApplyOutput("", "sudo: a password is required\n", 1);
+  assert.deepEqual(sudo.errors, [
+    { code: "incomplete", message: "the script did not finish (exit 1): sudo: a password is required" },
+  ]);
+
+  const oddExit = parseApplyOutput("qsp done\n", "", 3);
+  assert.deepEqual(oddExit.errors, [{ code: "exit", message: "exit 3" }]);
+});
+
+Deno.test("parseRemoveOutput", () => {
+  const r = parseRemoveOutput(
+    `qsp stopped p-exporter.service
+qsp stopped p-runtime.service
+qsp removed container p-runtime
+qsp removed file /etc/containers/systemd/p-runtime.container
+qsp removed volume jumpstarter-p-shared
+qsp reloaded
+qsp done
+`,
+    "",
+    0,
+  );
+  assert.deepEqual(r, {
+    ok: true,
+    stopped: ["p-exporter.service", "p-runtime.service"],
+    removed: [
+      { kind: "container", name: "p-runtime" },
+      { kind: "file", name: "/etc/containers/systemd/p-runtime.container" },
+      { kind: "volume", name: "jumpstarter-p-shared" },
+    ],
+    reloaded: true,
+    errors: [],
+  });
+  const again = parseRemoveOutput("qsp removed nothing\nqsp done\n", "", 0);
+  assert.deepEqual([again.ok, again.removed, again.reloaded], [true, [], false]);
+});
+
+Deno.test("parseInspectOutput: host facts, instances, half-deployed leftovers", () => {
+  const owner = (ns: string, n: string, uid: string) => `namespace=${ns} set=pool exporter=${n} uid=${uid}`;
+  const out = `qsp podman 5.4.2
+qsp systemd 257
+qsp generator /usr/lib/systemd/system-generators/podman-system-generator
+qsp kvm yes
+qsp disk /etc 1048576
+qsp disk /var/lib/containers 2097152
+qsp file runtime a /etc/containers/systemd/a-runtime.container ${owner("ns1", "a", "u-a")}
+qsp file exporter a /etc/containers/systemd/a-exporter.container ${owner("ns1", "a", "u-a")}
+qsp file config a /etc/jumpstarter/exporters/a.yaml ${owner("ns1", "a", "u-a")}
+qsp file config b /etc/jumpstarter/exporters/b.yaml ${owner("ns2", "b", "u-b")}
+qsp file runtime c /etc/containers/systemd/c-runtime.container ${owner("ns1", "c", "u-c")}
+qsp file exporter c /etc/containers/systemd/c-exporter.container ${owner("ns2", "c", "u-c2")}
+qsp unit a-runtime.service loaded active running
+qsp unit a-exporter.service loaded failed failed
+qsp unit node-exporter.service loaded active running
+qsp container a a-runtime running u-a
+qsp container d d-exporter exited u-d
+qsp volume jumpstarter-a-shared
+qsp volume jumpstarter-e-shared
+qsp done
+`;
+  const h = parseInspectOutput(out, "", 0);
+  assert.equal(h.ok, true);
+  assert.equal(h.podmanVersion, "5.4.2");
+  assert.equal(h.systemdVersion, 257);
+  assert.equal(h.generator, "/usr/lib/systemd/system-generators/podman-system-generator");
+  assert.equal(h.kvm, true);
+  assert.deepEqual(h.diskFreeKiB, { "/etc": 1048576, "/var/lib/containers": 2097152 });
+  assert.deepEqual(h.instances.map((i) => i.name), ["a", "b", "c", "d", "e"]);
+  const [a, b, c, d, e] = h.instances;
+  assert.deepEqual(a, {
+    name: "a",
+    namespace: "ns1",
+    set: "pool",
+    uid: "u-a",
+    files: [
+      { kind: "runtime", path: "/etc/containers/systemd/a-runtime.container" },
+      { kind: "exporter", path: "/etc/containers/systemd/a-exporter.container" },
+      { kind: "config", path: "/etc/jumpstarter/exporters/a.yaml" },
+    ],
+    ownerMismatch: false,
+    runtime: { load: "loaded", active: "active", sub: "running" },
+    exporter: { load: "loaded", active: "failed", sub: "failed" },
+    containers: [{ name: "a-runtime", state: "running", uid: "u-a" }],
+    volume: true,
+  });
+  assert.deepEqual([b.namespace, b.files.map((f) => f.kind), b.runtime, b.volume], [
+    "ns2",
+    ["config"],
+    undefined,
+    false,
+  ]);
+  assert.equal(c.ownerMismatch, true);
+  assert.deepEqual([d.uid, d.files, d.containers[0].state], ["u-d", [], "exited"], "a container without files");
+  assert.deepEqual([e.uid, e.files, e.volume], [undefined, [], true], "a volume without files");
+
+  const noPodman = parseInspectOutput(
+    "qsp podman \nqsp systemd 252\nqsp generator none\nqsp kvm no\nqsp done\n",
+    "",
+    0,
+  );
+  assert.deepEqual([noPodman.podmanVersion, noPodman.generator, noPodman.kvm], [undefined, undefined, false]);
+});

@@ -1,0 +1,271 @@
+/**
+ * What one instance is on its lab host: the ExporterConfig and the two Podman quadlets, as data. Pure: the remote
+ * scripts (remote.ts) put these files in place; nothing here touches a host.
+ */
+import { Buffer } from "node:buffer";
+import { stringify } from "yaml";
+import type { DriverSpec } from "../api/types.ts";
+import { PROVISIONER } from "../api/types.ts";
+import { type InstanceParams, type PullPolicy, QEMU_DRIVER_TYPE, qemuQuantity } from "../provision/params.ts";
+
+export interface Instance {
+  namespace: string;
+  /** The Exporter's name; also names the units, containers, volume and files on the host. */
+  name: string;
+  /** The Exporter's uid: tells our files apart from another namespace's exporter of the same name. */
+  uid: string;
+  setName: string;
+  params: InstanceParams;
+  drivers: DriverSpec[];
+  exitOnLeaseEnd: boolean;
+  endpoint: string;
+  token: string;
+  /** PEM text, may be "". */
+  caBundle: string;
+}
+
+export interface RenderedFile {
+  path: string;
+  content: string;
+  mode: number;
+  secret: boolean;
+  /** Further names kept as hard links to this file (same inode), each replaced atomically. */
+  links: string[];
+}
+
+export interface RenderedInstance {
+  name: string;
+  /** The Exporter's uid, which the ownership lines carry: the apply script refuses files naming another. */
+  uid: string;
+  /** The volume shared by both containers: "jumpstarter-<name>-shared". */
+  volume: string;
+  files: RenderedFile[];
+  /** Service names. */
+  units: { runtime: string; exporter: string };
+  /** Host device paths the containers require (runtime.devices; /dev/kvm is optional and checked separately). */
+  devices: string[];
+}
+
+export const CONFIG_DIR = "/etc/jumpstarter/exporters";
+export const QUADLET_DIR = "/etc/containers/systemd";
+export const LAUNCHER_SOCKET = "/shared/launcher.sock";
+export const TCP_DRIVER_TYPE = "jumpstarter_driver_network.driver.TcpNetwork";
+export const SSH_FORWARD_PORT = 2222;
+export const MANAGED_HEADER = `# Managed by ${PROVISIONER}; do not edit.`;
+/** Starts the machine-readable ownership line in every file we write (remote.ts reads it back on the host). */
+export const OWNER_PREFIX = `# ${PROVISIONER}/owner: `;
+
+export const configPath = (name: string) => `${CONFIG_DIR}/${name}.yaml`;
+/**
+ * The exporter container mounts this per-instance directory, not the config file: a bind mount of a single file pins
+ * its inode, so an atomic rename on the host (the only update that never exposes a half-written token) would stay
+ * invisible to the container until it restarts, and the SIGHUP reload after a token rotation would re-read the old
+ * token. A directory mount sees the rename. The directory holds only this instance's config, so no exporter can read
+ * another one's token; the top-level `<name>.yaml` is a hard link to the same file for people and tools that look
+ * there.
+ */
+export const configMountDir = (name: string) => `${CONFIG_DIR}/${name}.d`;
+export const quadletPath = (unit: string) => `${QUADLET_DIR}/${unit}.container`;
+export const volumeName = (name: string) => `jumpstarter-${name}-shared`;
+
+const PULL: Record<PullPolicy, string> = { Always: "always", IfNotPresent: "missing", Never: "never" };
+
+// Kubernetes validated these already; they are re-checked because they become file, unit and container names.
+const DNS_SUBDOMAIN_RE = /^[a-z0-9](?:[-a-z0-9.]*[a-z0-9])?$/;
+const DNS_LABEL_RE = /^[a-z0-9](?:[-a-z0-9]*[a-z0-9])?$/;
+const UID_RE = /^[A-Za-z0-9-]{1,64}$/;
+
+function checkIdentity(inst: Instance) {
+  // 200 leaves room for "-exporter.container" within the 255-byte limits on file and unit names
+  const bad = (what: string, v: string) => new Error(`refusing to render: ${what} ${JSON.stringify(v)} is not valid`);
+  if (!DNS_SUBDOMAIN_RE.test(inst.name) || inst.name.length > 200) throw bad("exporter name", inst.name);
+  if (!DNS_LABEL_RE.test(inst.namespace) || inst.namespace.length > 63) throw bad("namespace", inst.namespace);
+  if (!DNS_SUBDOMAIN_RE.test(inst.setName) || inst.setName.length > 253) throw bad("ExporterSet name", inst.setName);
+  if (!UID_RE.test(inst.uid)) throw bad("uid", inst.uid);
+}
+
+/**
+ * A value for a unit file line: systemd expands `%` specifiers in quadlet values and a newline would start a new
+ * key, so `%` is doubled and control characters are refused (there is no escape for them in a unit file).
+ */
+export function unitValue(v: string): string {
+  // deno-lint-ignore no-control-regex
+  if (/[\x00-\x1f\x7f]/.test(v)) {
+    throw new Error(`refusing a control character in a unit file value: ${JSON.stringify(v)}`);
+  }
+  return v.replaceAll("%", "%%");
+}
+
+export function ownerLine(inst: Pick<Instance, "namespace" | "setName" | "name" | "uid">): string {
+  return `${OWNER_PREFIX}namespace=${inst.namespace} set=${inst.setName} exporter=${inst.name} uid=${inst.uid}`;
+}
+
+export function renderInstance(inst: Instance): RenderedInstance {
+  checkIdentity(inst);
+  const units = { runtime: `${inst.name}-runtime`, exporter: `${inst.name}-exporter` };
+  const header = [MANAGED_HEADER, ownerLine(inst)];
+  const mountDir = configMountDir(inst.name);
+  return {
+    name: inst.name,
+    uid: inst.uid,
+    volume: volumeName(inst.name),
+    // The config's real home is the mounted directory: a replacement is created there, so on SELinux hosts it
+    // inherits the label podman gave that directory, and the top-level name follows as a link.
+    files: [
+      {
+        path: `${mountDir}/${inst.name}.yaml`,
+        content: [...header, renderConfig(inst)].join("\n"),
+        mode: 0o600,
+        secret: true,
+        links: [configPath(inst.name)],
+      },
+      { path: quadletPath(units.runtime), content: renderRuntime(inst, header), mode: 0o644, secret: false, links: [] },
+      {
+        path: quadletPath(units.exporter),
+        content: renderExporter(inst, header),
+        mode: 0o644,
+        secret: false,
+        links: [],
+      },
+    ],
+    units: { runtime: `${units.runtime}.service`, exporter: `${units.exporter}.service` },
+    devices: inst.params.runtime.devices.map((d) => d.split(":")[0]),
+  };
+}
+
+// ---------------------------------------------------------------- ExporterConfig
+
+type Json = Record<string, unknown>;
+const isMap = (v: unknown): v is Json => typeof v === "object" && v !== null && !Array.isArray(v);
+
+export function renderConfig(inst: Instance): string {
+  const config = {
+    apiVersion: "jumpstarter.dev/v1alpha1",
+    kind: "ExporterConfig",
+    metadata: { namespace: inst.namespace, name: inst.name },
+    endpoint: inst.endpoint,
+    token: inst.token,
+    tls: { ca: Buffer.from(inst.caBundle, "utf8").toString("base64"), insecure: false },
+    exitOnLeaseEnd: inst.exitOnLeaseEnd,
+    export: exportDrivers(inst.drivers, inst.params),
+  };
+  // lineWidth 0: a folded token is valid YAML but hard to compare by eye; no aliases: every driver stands alone
+  return stringify(config, { lineWidth: 0, aliasDuplicateObjects: false });
+}
+
+/** The template's drivers with upstream's enrichment of the QEMU driver and the auto-injected tcp driver. */
+export function exportDrivers(drivers: DriverSpec[], params: InstanceParams): Json {
+  const out: Json = {};
+  let sshPort = SSH_FORWARD_PORT;
+  for (const d of drivers) {
+    if (d.ref !== undefined) {
+      out[d.name] = { ref: d.ref };
+      continue;
+    }
+    let config: Json = isMap(d.config) ? structuredClone(d.config) : {};
+    if (d.type === QEMU_DRIVER_TYPE) {
+      config = enrichQemu(config, params);
+      const port = ((config.hostfwd as Json).ssh as Json | undefined)?.hostport;
+      if (Number.isInteger(port)) sshPort = port as number;
+    }
+    out[d.name] = { type: d.type, config };
+  }
+  const hasTcp = Object.entries(out).some(([name, d]) => name === "tcp" || (d as Json).type === TCP_DRIVER_TYPE);
+  // the tcp driver follows the ssh forward, which the template may have moved
+  if (!hasTcp) out.tcp = { type: TCP_DRIVER_TYPE, config: { host: "127.0.0.1", port: sshPort } };
+  return out;
+}
+
+function enrichQemu(config: Json, params: InstanceParams): Json {
+  const defaults: Json = {};
+  if (params.arch) defaults.arch = params.arch;
+  if (params.cpu !== undefined) defaults.smp = params.cpu;
+  if (params.memory) defaults.mem = qemuQuantity(params.memory);
+  if (params.storage) defaults.disk_size = qemuQuantity(params.storage);
+  const hostfwd = {
+    ssh: { protocol: "tcp", hostaddr: "127.0.0.1", hostport: SSH_FORWARD_PORT, guestport: 22 },
+    ...(isMap(config.hostfwd) ? config.hostfwd : {}),
+  };
+  // the launcher socket is where the runtime container listens, so it is not the template's to choose
+  return { ...defaults, ...config, hostfwd, launcher_socket: LAUNCHER_SOCKET };
+}
+
+// ---------------------------------------------------------------- quadlets
+
+function unit(sections: [string, [string, string][]][], header: string[]): string {
+  const lines = [...header];
+  for (const [name, keys] of sections) {
+    lines.push("", `[${name}]`, ...keys.map(([k, v]) => `${k}=${unitValue(v)}`));
+  }
+  return lines.join("\n") + "\n";
+}
+
+function commonContainerKeys(inst: Instance, role: "runtime" | "exporter"): [string, string][] {
+  const p = inst.params;
+  const image = p.images[role];
+  const keys: [string, string][] = [
+    ["Image", image.image],
+    ["Pull", PULL[image.pullPolicy]],
+    ["ContainerName", `${inst.name}-${role}`],
+    ["Label", `jumpstarter.dev/exporter=${inst.name}`],
+    ["Label", `jumpstarter.dev/namespace=${inst.namespace}`],
+    ["Label", `${PROVISIONER}/exporterset=${inst.setName}`],
+    ["Label", `${PROVISIONER}/uid=${inst.uid}`],
+    ["Label", `${PROVISIONER}/role=${role}`],
+    // `z`: both containers share the volume, so on SELinux hosts it needs the shared label, not a private one
+    ["Volume", `${volumeName(inst.name)}:/shared:z`],
+  ];
+  // Both containers get /dev/kvm: QEMU runs in the runtime, but the driver in the exporter checks /dev/kvm to decide
+  // on KVM acceleration. `-`: start even if it is missing; the apply script checks for it when KVM is required.
+  if (p.runtime.kvm) keys.push(["AddDevice", "-/dev/kvm"]);
+  // Extra devices go to both as well: QEMU passes them through, and drivers in the exporter (serial consoles,
+  // power switches next to the virtual target) open them directly. A device is only opened by whoever uses it.
+  for (const d of p.runtime.devices) keys.push(["AddDevice", d]);
+  return keys;
+}
+
+function service(restart: "always" | "on-failure"): [string, [string, string][]] {
+  return ["Service", [
+    ["Restart", restart],
+    // a few seconds between restarts keeps a crash loop from exhausting systemd's start limit in a blink
+    ["RestartSec", "3"],
+    // generous: the first start may pull a multi-GB image
+    ["TimeoutStartSec", "900"],
+  ]];
+}
+// quadlet units cannot be `systemctl enable`d; [Install] is how they start at boot
+const install: [string, [string, string][]] = ["Install", [["WantedBy", "multi-user.target"]]];
+
+function renderRuntime(inst: Instance, header: string[]): string {
+  return unit([
+    ["Unit", [["Description", `Jumpstarter QEMU runtime of ${inst.namespace}/${inst.name} (set ${inst.setName})`]]],
+    ["Container", commonContainerKeys(inst, "runtime")],
+    service("always"),
+    install,
+  ], header);
+}
+
+function renderExporter(inst: Instance, header: string[]): string {
+  const runtime = `${inst.name}-runtime`;
+  return unit([
+    ["Unit", [
+      ["Description", `Jumpstarter exporter ${inst.namespace}/${inst.name} (set ${inst.setName})`],
+      // BindsTo: when the runtime stops, its network namespace is gone, so the exporter must go with it (and
+      // systemd restarts it along with the runtime). Network= below adds Requires/After as well.
+      ["BindsTo", `${runtime}.service`],
+      ["After", `${runtime}.service`],
+    ]],
+    ["Container", [
+      ...commonContainerKeys(inst, "exporter"),
+      // The runtime's network namespace: the tcp driver's 127.0.0.1:2222 is QEMU's ssh forward of this instance
+      // only, and any number of instances on one host each have their own 2222.
+      ["Network", `${runtime}.container`],
+      ["Volume", `${configMountDir(inst.name)}:${CONFIG_DIR}:ro,z`],
+      ["Exec", `jmp run --exporter-config ${configPath(inst.name)}`],
+    ]],
+    // ExitAndReplace: the exporter exits cleanly when its lease ends and must stay down until the controller
+    // replaces the instance; only a crash is restarted. InPlaceReuse: it always comes back.
+    service(inst.exitOnLeaseEnd ? "on-failure" : "always"),
+    install,
+  ], header);
+}

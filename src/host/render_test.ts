@@ -1,0 +1,300 @@
+import assert from "node:assert/strict";
+import { Buffer } from "node:buffer";
+import { parse } from "yaml";
+import type { InstanceParams } from "../provision/params.ts";
+import { type Instance, renderInstance, unitValue } from "./render.ts";
+
+/** What the seed's VirtualTargetClass + ExporterSet resolve to (params_test.ts checks that). */
+const seedParams: InstanceParams = {
+  host: { name: "lab-host-01.example.com", user: "root", port: 22 },
+  runtime: { kvm: true, devices: [] },
+  arch: "aarch64",
+  cpu: 4,
+  memory: "4Gi",
+  storage: "16Gi",
+  images: {
+    exporter: { image: "quay.io/jumpstarter-dev/jumpstarter:latest", pullPolicy: "IfNotPresent" },
+    runtime: { image: "quay.io/jumpstarter-dev/virtual/qemu-runtime:latest", pullPolicy: "IfNotPresent" },
+  },
+};
+
+const PEM = "-----BEGIN CERTIFICATE-----\nMIIBszCCAVmgAwIBAgIUX\n-----END CERTIFICATE-----\n";
+
+function seedInstance(over: Partial<Instance> = {}): Instance {
+  return {
+    namespace: "jumpstarter",
+    name: "aarch64-ssh-pool-x7k2p",
+    uid: "0b7e6c1a-5f7d-4a8e-9c39-2f1d7e0a6b11",
+    setName: "aarch64-ssh-pool",
+    params: seedParams,
+    drivers: [{ name: "qemu", type: "jumpstarter_driver_qemu.driver.Qemu" }],
+    exitOnLeaseEnd: true,
+    endpoint: "grpc.jumpstarter.example.com:443",
+    token: "eyJhbGciOiJSUzI1NiJ9.payload.signature",
+    caBundle: PEM,
+    ...over,
+  };
+}
+
+const fileOf = (r: ReturnType<typeof renderInstance>, suffix: string) => {
+  const f = r.files.find((f) => f.path.endsWith(suffix));
+  assert.ok(f, `no file ending in ${suffix}`);
+  return f;
+};
+
+Deno.test("the seed's example renders upstream's enriched ExporterConfig", () => {
+  const r = renderInstance(seedInstance());
+  const cfg = fileOf(r, ".yaml");
+  assert.equal(cfg.path, "/etc/jumpstarter/exporters/aarch64-ssh-pool-x7k2p.d/aarch64-ssh-pool-x7k2p.yaml");
+  assert.deepEqual(cfg.links, ["/etc/jumpstarter/exporters/aarch64-ssh-pool-x7k2p.yaml"]);
+  assert.equal(cfg.mode, 0o600);
+  assert.equal(cfg.secret, true);
+  assert.deepEqual(parse(cfg.content), {
+    apiVersion: "jumpstarter.dev/v1alpha1",
+    kind: "ExporterConfig",
+    metadata: { namespace: "jumpstarter", name: "aarch64-ssh-pool-x7k2p" },
+    endpoint: "grpc.jumpstarter.example.com:443",
+    token: "eyJhbGciOiJSUzI1NiJ9.payload.signature",
+    tls: { ca: Buffer.from(PEM).toString("base64"), insecure: false },
+    exitOnLeaseEnd: true,
+    export: {
+      qemu: {
+        type: "jumpstarter_driver_qemu.driver.Qemu",
+        config: {
+          arch: "aarch64",
+          smp: 4,
+          mem: "4G",
+          disk_size: "16G",
+          launcher_socket: "/shared/launcher.sock",
+          hostfwd: { ssh: { protocol: "tcp", hostaddr: "127.0.0.1", hostport: 2222, guestport: 22 } },
+        },
+      },
+      tcp: { type: "jumpstarter_driver_network.driver.TcpNetwork", config: { host: "127.0.0.1", port: 2222 } },
+    },
+  });
+  assert.deepEqual(cfg.content.split("\n").slice(0, 2), [
+    "# Managed by qemu-ssh.jumpstarter.dev; do not edit.",
+    "# qemu-ssh.jumpstarter.dev/owner: namespace=jumpstarter set=aarch64-ssh-pool exporter=aarch64-ssh-pool-x7k2p " +
+    "uid=0b7e6c1a-5f7d-4a8e-9c39-2f1d7e0a6b11",
+  ]);
+  assert.equal(r.volume, "jumpstarter-aarch64-ssh-pool-x7k2p-shared");
+  assert.equal(r.uid, "0b7e6c1a-5f7d-4a8e-9c39-2f1d7e0a6b11");
+  assert.deepEqual(r.units, {
+    runtime: "aarch64-ssh-pool-x7k2p-runtime.service",
+    exporter: "aarch64-ssh-pool-x7k2p-exporter.service",
+  });
+  assert.deepEqual(r.files.map((f) => [f.path, f.mode.toString(8)]), [
+    ["/etc/jumpstarter/exporters/aarch64-ssh-pool-x7k2p.d/aarch64-ssh-pool-x7k2p.yaml", "600"],
+    ["/etc/containers/systemd/aarch64-ssh-pool-x7k2p-runtime.container", "644"],
+    ["/etc/containers/systemd/aarch64-ssh-pool-x7k2p-exporter.container", "644"],
+  ]);
+});
+
+Deno.test("template config wins over class defaults, except launcher_socket; user hostfwd entries are kept", () => {
+  const r = renderInstance(seedInstance({
+    exitOnLeaseEnd: false,
+    caBundle: "",
+    drivers: [
+      {
+        name: "qemu",
+        type: "jumpstarter_driver_qemu.driver.Qemu",
+        config: {
+          mem: "2G",
+          launcher_socket: "/tmp/elsewhere.sock",
+          hostfwd: { http: { protocol: "tcp", hostaddr: "127.0.0.1", hostport: 8080, guestport: 80 } },
+        },
+      },
+      { name: "power", ref: "shared-power" },
+      { name: "serial", type: "jumpstarter_driver_pyserial.driver.PySerial", config: { url: "/dev/ttyUSB0" } },
+    ],
+  }));
+  const cfg = parse(fileOf(r, ".yaml").content);
+  assert.equal(cfg.exitOnLeaseEnd, false);
+  assert.deepEqual(cfg.tls, { ca: "", insecure: false });
+  assert.deepEqual(cfg.export.qemu.config, {
+    arch: "aarch64",
+    smp: 4,
+    mem: "2G",
+    disk_size: "16G",
+    launcher_socket: "/shared/launcher.sock",
+    hostfwd: {
+      ssh: { protocol: "tcp", hostaddr: "127.0.0.1", hostport: 2222, guestport: 22 },
+      http: { protocol: "tcp", hostaddr: "127.0.0.1", hostport: 8080, guestport: 80 },
+    },
+  });
+  assert.deepEqual(cfg.export.power, { ref: "shared-power" });
+  assert.deepEqual(cfg.export.serial, {
+    type: "jumpstarter_driver_pyserial.driver.PySerial",
+    config: { url: "/dev/ttyUSB0" },
+  });
+  assert.deepEqual(Object.keys(cfg.export), ["qemu", "power", "serial", "tcp"]);
+});
+
+Deno.test("the tcp driver is not added twice, and follows a moved ssh forward", () => {
+  const qemu = { name: "qemu", type: "jumpstarter_driver_qemu.driver.Qemu" };
+  for (
+    const other of [
+      { name: "tcp", type: "jumpstarter_driver_network.driver.TcpNetwork", config: { host: "10.0.0.1", port: 22 } },
+      { name: "ssh-port", type: "jumpstarter_driver_network.driver.TcpNetwork", config: { host: "127.0.0.1" } },
+    ]
+  ) {
+    const cfg = parse(fileOf(renderInstance(seedInstance({ drivers: [qemu, other] })), ".yaml").content);
+    assert.deepEqual(Object.keys(cfg.export), ["qemu", other.name]);
+    assert.deepEqual(cfg.export[other.name].config, other.config);
+  }
+  const moved = renderInstance(seedInstance({
+    drivers: [{ ...qemu, config: { hostfwd: { ssh: { protocol: "tcp", hostaddr: "127.0.0.1", hostport: 2200 } } } }],
+  }));
+  assert.deepEqual(parse(fileOf(moved, ".yaml").content).export.tcp.config, { host: "127.0.0.1", port: 2200 });
+  // no params beyond the host: no defaults invented, only the socket and the forward
+  const bare = renderInstance(
+    seedInstance({ params: { ...seedParams, arch: undefined, cpu: undefined, memory: undefined, storage: undefined } }),
+  );
+  assert.deepEqual(Object.keys(parse(fileOf(bare, ".yaml").content).export.qemu.config).sort(), [
+    "hostfwd",
+    "launcher_socket",
+  ]);
+});
+
+Deno.test("quadlets: ownership, images, shared volume and netns, kvm to both, atomic-friendly config mount", () => {
+  const r = renderInstance(seedInstance({
+    params: {
+      ...seedParams,
+      runtime: { kvm: true, devices: ["/dev/ttyUSB0", "/dev/bus/usb/001/002:/dev/usb0"] },
+      images: {
+        exporter: { image: "registry.example.com/jumpstarter:0.7", pullPolicy: "Always" },
+        runtime: { image: "quay.io/jumpstarter-dev/virtual/qemu-runtime:latest", pullPolicy: "Never" },
+      },
+    },
+  }));
+  const n = "aarch64-ssh-pool-x7k2p";
+  const rt = fileOf(r, "-runtime.container");
+  const ex = fileOf(r, "-exporter.container");
+  for (const f of [rt, ex]) {
+    assert.equal(f.mode, 0o644);
+    assert.equal(f.secret, false);
+    const lines = f.content.split("\n");
+    assert.equal(lines[0], "# Managed by qemu-ssh.jumpstarter.dev; do not edit.");
+    assert.equal(
+      lines[1],
+      `# qemu-ssh.jumpstarter.dev/owner: namespace=jumpstarter set=aarch64-ssh-pool exporter=${n} ` +
+        "uid=0b7e6c1a-5f7d-4a8e-9c39-2f1d7e0a6b11",
+    );
+    for (
+      const l of [
+        `Volume=jumpstarter-${n}-shared:/shared:z`,
+        "AddDevice=-/dev/kvm",
+        "AddDevice=/dev/ttyUSB0",
+        "AddDevice=/dev/bus/usb/001/002:/dev/usb0",
+        `Label=jumpstarter.dev/exporter=${n}`,
+        "Label=jumpstarter.dev/namespace=jumpstarter",
+        "Label=qemu-ssh.jumpstarter.dev/uid=0b7e6c1a-5f7d-4a8e-9c39-2f1d7e0a6b11",
+        "[Service]",
+        "TimeoutStartSec=900",
+        "[Install]",
+        "WantedBy=multi-user.target",
+      ]
+    ) assert.ok(lines.includes(l), `${f.path} lacks ${l}:\n${f.content}`);
+    // upstream weak point: limits need cgroup controllers a lab host may not delegate, and nobody asked for them
+    assert.doesNotMatch(f.content, /^(Memory|PidsLimit|PodmanArgs)=/m);
+  }
+  assert.match(rt.content, /^Image=quay\.io\/jumpstarter-dev\/virtual\/qemu-runtime:latest$/m);
+  assert.match(rt.content, /^Pull=never$/m);
+  assert.match(rt.content, new RegExp(`^ContainerName=${n}-runtime$`, "m"));
+  assert.doesNotMatch(rt.content, /^Network=/m, "the runtime keeps podman's default network (QEMU's user net)");
+  assert.match(ex.content, /^Image=registry\.example\.com\/jumpstarter:0\.7$/m);
+  assert.match(ex.content, /^Pull=always$/m);
+  assert.match(ex.content, new RegExp(`^ContainerName=${n}-exporter$`, "m"));
+  assert.match(ex.content, new RegExp(`^Network=${n}-runtime\\.container$`, "m"));
+  assert.match(ex.content, new RegExp(`^BindsTo=${n}-runtime\\.service$`, "m"));
+  assert.match(ex.content, new RegExp(`^After=${n}-runtime\\.service$`, "m"));
+  assert.match(
+    ex.content,
+    new RegExp(`^Volume=/etc/jumpstarter/exporters/${n}\\.d:/etc/jumpstarter/exporters:ro,z$`, "m"),
+  );
+  assert.match(ex.content, new RegExp(`^Exec=jmp run --exporter-config /etc/jumpstarter/exporters/${n}\\.yaml$`, "m"));
+  assert.deepEqual(r.devices, ["/dev/ttyUSB0", "/dev/bus/usb/001/002"]);
+
+  const noKvm = renderInstance(seedInstance({ params: { ...seedParams, runtime: { kvm: false, devices: [] } } }));
+  for (const f of noKvm.files) assert.doesNotMatch(f.content, /AddDevice/);
+  assert.match(fileOf(noKvm, "-runtime.container").content, /^Pull=missing$/m);
+});
+
+Deno.test("ExitAndReplace: an exporter that ends cleanly stays down; InPlaceReuse: it always comes back", () => {
+  const replace = renderInstance(seedInstance({ exitOnLeaseEnd: true }));
+  assert.match(fileOf(replace, "-exporter.container").content, /^Restart=on-failure$/m);
+  assert.match(fileOf(replace, "-runtime.container").content, /^Restart=always$/m);
+  const reuse = renderInstance(seedInstance({ exitOnLeaseEnd: false }));
+  assert.match(fileOf(reuse, "-exporter.container").content, /^Restart=always$/m);
+  assert.match(fileOf(reuse, "-runtime.container").content, /^Restart=always$/m);
+});
+
+Deno.test("hostile values cannot add a YAML key or a unit line", () => {
+  const hostile = [
+    "x\nexitOnLeaseEnd: false",
+    "x\r\ntoken: stolen",
+    '\'; $(reboot) `id` "quoted" %n %% \\',
+    "---\nkind: Other",
+    "a: b",
+    "# qemu-ssh.jumpstarter.dev/owner: namespace=evil set=evil exporter=evil uid=evil",
+    "\n# qemu-ssh.jumpstarter.dev/owner: namespace=evil set=evil exporter=evil uid=evil",
+    "&anchor *alias !!python/object:os.system",
+  ];
+  const benign = renderInstance(seedInstance());
+  for (const h of hostile) {
+    const inst = seedInstance({
+      endpoint: h,
+      token: h,
+      caBundle: h,
+      drivers: [
+        { name: "qemu", type: "jumpstarter_driver_qemu.driver.Qemu", config: { [h]: h, cpu: h, nested: { [h]: [h] } } },
+      ],
+    });
+    const r = renderInstance(inst);
+    const cfg = fileOf(r, ".yaml").content;
+    const parsed = parse(cfg);
+    assert.deepEqual(Object.keys(parsed), Object.keys(parse(fileOf(benign, ".yaml").content)));
+    assert.equal(parsed.endpoint, h);
+    assert.equal(parsed.token, h);
+    assert.equal(Buffer.from(parsed.tls.ca, "base64").toString(), h);
+    assert.equal(parsed.exitOnLeaseEnd, true);
+    assert.deepEqual(parsed.export.qemu.config[h], h);
+    assert.deepEqual(parsed.export.qemu.config.nested, { [h]: [h] });
+    assert.equal(parsed.export.qemu.config.launcher_socket, "/shared/launcher.sock");
+    // the ownership line the host scripts read is only ever in the first two lines, and stays ours
+    const ownerLines = cfg.split("\n").filter((l) => l.startsWith("# qemu-ssh.jumpstarter.dev/owner:"));
+    assert.equal(ownerLines.length, 1, cfg);
+    assert.match(cfg.split("\n")[1], /uid=0b7e6c1a-/);
+    // none of this reaches the unit files
+    for (const suffix of ["-runtime.container", "-exporter.container"]) {
+      assert.equal(fileOf(r, suffix).content, fileOf(benign, suffix).content);
+    }
+  }
+});
+
+Deno.test("identity fields that would become file, unit or container names are checked, not escaped", () => {
+  for (
+    const over of [
+      { name: "a\nExecStartPre=/bin/sh" },
+      { name: "../../etc/passwd" },
+      { name: "a%n" },
+      { name: "A" },
+      { name: "x".repeat(201) },
+      { namespace: "ns\n[Service]" },
+      { namespace: "a.b" },
+      { setName: "s%h" },
+      { uid: "u id" },
+      { uid: "" },
+    ]
+  ) {
+    assert.throws(() => renderInstance(seedInstance(over)), /refusing to render/, JSON.stringify(over));
+  }
+});
+
+Deno.test("unitValue doubles % and refuses control characters", () => {
+  assert.equal(unitValue("100% %n %%"), "100%% %%n %%%%");
+  assert.equal(unitValue("$(id) 'q' \"q\" \\"), "$(id) 'q' \"q\" \\");
+  for (const bad of ["a\nb", "a\rb", "a\x00b", "a\tb", "a\x7fb"]) {
+    assert.throws(() => unitValue(bad), /control character/);
+  }
+});

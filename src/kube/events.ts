@@ -1,0 +1,83 @@
+/**
+ * core/v1 Events (the operator's Role grants `events` create/patch in the core group, not events.k8s.io).
+ * Repeats of the same event on the same object within a window bump `count` instead of creating new objects.
+ */
+import type { KubeObject } from "../api/types.ts";
+import type { KubeClient } from "./client.ts";
+import { EVENTS } from "./resources.ts";
+import type { Logger } from "../observe/log.ts";
+
+export type EventKind = "Normal" | "Warning";
+
+export interface Recorder {
+  event(obj: KubeObject, type: EventKind, reason: string, message: string): void;
+}
+
+interface Seen {
+  name: string;
+  count: number;
+  at: number;
+}
+
+const WINDOW_MS = 10 * 60_000;
+
+export class EventRecorder implements Recorder {
+  private readonly seen = new Map<string, Seen>();
+  private pending: Promise<void> = Promise.resolve();
+
+  constructor(
+    private readonly client: KubeClient,
+    private readonly component: string,
+    private readonly log: Logger,
+    private readonly now: () => Date = () => new Date(),
+  ) {}
+
+  /** Fire and forget, in order; a failed event write is logged, never fatal. */
+  event(obj: KubeObject, type: EventKind, reason: string, message: string): void {
+    this.pending = this.pending.then(() => this.write(obj, type, reason, message)).catch((e) =>
+      this.log.warn("could not record event", { reason, error: String(e) })
+    );
+  }
+
+  /** Resolves when queued events are written (tests, shutdown). */
+  flush(): Promise<void> {
+    return this.pending;
+  }
+
+  private async write(obj: KubeObject, type: EventKind, reason: string, message: string): Promise<void> {
+    const m = obj.metadata;
+    const key = `${m.uid}/${type}/${reason}/${message}`;
+    const now = this.now();
+    const seen = this.seen.get(key);
+    if (seen && now.getTime() - seen.at < WINDOW_MS) {
+      seen.count++;
+      seen.at = now.getTime();
+      await this.client.mergePatch(EVENTS, m.namespace, seen.name, {
+        count: seen.count,
+        lastTimestamp: now.toISOString(),
+      });
+      return;
+    }
+    const created = await this.client.create(EVENTS, {
+      metadata: { generateName: `${m.name}.`, namespace: m.namespace },
+      involvedObject: {
+        apiVersion: obj.apiVersion,
+        kind: obj.kind,
+        name: m.name,
+        namespace: m.namespace,
+        uid: m.uid,
+        resourceVersion: m.resourceVersion,
+      },
+      type,
+      reason,
+      message: message.slice(0, 1024),
+      source: { component: this.component },
+      reportingComponent: this.component,
+      firstTimestamp: now.toISOString(),
+      lastTimestamp: now.toISOString(),
+      count: 1,
+    } as KubeObject);
+    this.seen.set(key, { name: created.metadata.name!, count: 1, at: now.getTime() });
+    for (const [k, s] of this.seen) if (now.getTime() - s.at > WINDOW_MS) this.seen.delete(k);
+  }
+}

@@ -1,0 +1,175 @@
+/**
+ * List + watch + cache for one resource, owned here rather than taken from client-node (whose informers under Deno
+ * either stall on a half-dead connection or reconnect in a hot loop).
+ *
+ * - Watches ask for bookmarks and carry a server-side timeout, so a healthy quiet watch ends by itself; a watch that
+ *   sends nothing (not even the server's close) for `idleTimeoutMs` is presumed dead and restarted.
+ * - 410 Gone (compacted resourceVersion) triggers a relist; the relist is diffed against the cache so handlers
+ *   see the deletions they missed.
+ * - Every failure backs off exponentially with full jitter, capped, so a lost API server is not hammered and is
+ *   retried forever.
+ */
+import type { KubeObject } from "../api/types.ts";
+import { isGone, type KubeClient, KubeError, type Resource } from "./client.ts";
+import { abortableSleep, backoffDelay } from "./backoff.ts";
+import type { Logger } from "../observe/log.ts";
+
+export type EventType = "ADDED" | "MODIFIED" | "DELETED";
+export type Handler<T> = (type: EventType, obj: T) => void;
+
+export interface InformerOptions {
+  namespace?: string;
+  labelSelector?: string;
+  /** Server-side watch timeout; the watch is re-established after it. */
+  watchTimeoutSeconds?: number;
+  /** No byte for this long means the connection is dead. Must exceed watchTimeoutSeconds. */
+  idleTimeoutMs?: number;
+  backoffInitialMs?: number;
+  backoffMaxMs?: number;
+  log: Logger;
+}
+
+export const objectKey = (o: KubeObject) => `${o.metadata.namespace ?? ""}/${o.metadata.name}`;
+
+export class Informer<T extends KubeObject> {
+  private readonly cache = new Map<string, T>();
+  private readonly handlers: Handler<T>[] = [];
+  private resourceVersion = "";
+  private resolveSynced!: () => void;
+  readonly synced = new Promise<void>((r) => this.resolveSynced = r);
+  hasSynced = false;
+  readonly stats = { lists: 0, watches: 0, restarts: 0, idleTimeouts: 0 };
+
+  constructor(
+    private readonly client: KubeClient,
+    readonly resource: Resource,
+    private readonly opts: InformerOptions,
+  ) {}
+
+  on(handler: Handler<T>): void {
+    this.handlers.push(handler);
+  }
+
+  get(namespace: string | undefined, name: string): T | undefined {
+    return this.cache.get(`${namespace ?? ""}/${name}`);
+  }
+
+  list(namespace?: string): T[] {
+    const all = [...this.cache.values()];
+    return namespace === undefined ? all : all.filter((o) => o.metadata.namespace === namespace);
+  }
+
+  /** Runs until `signal` aborts. */
+  async run(signal: AbortSignal): Promise<void> {
+    const log = this.opts.log.child({ resource: this.resource.plural });
+    let failures = 0;
+    let needList = true;
+    while (!signal.aborted) {
+      try {
+        if (needList) {
+          await this.relist(signal);
+          needList = false;
+        }
+        const started = Date.now();
+        const gotEvents = await this.watchOnce(signal);
+        // A server that closes watches at once must not cause a hot loop; a quiet watch that ran its course is fine.
+        failures = gotEvents || Date.now() - started >= 1000 ? 0 : failures + 1;
+      } catch (e) {
+        if (signal.aborted) break;
+        this.stats.restarts++;
+        if (isGone(e)) {
+          log.info("watch expired (410), relisting");
+          needList = true;
+        } else {
+          failures++;
+          log.warn("list/watch failed, retrying", { error: String(e), failures });
+        }
+      }
+      if (failures > 0) await abortableSleep(backoffDelay(failures, this.backoff()), signal);
+    }
+  }
+
+  private backoff() {
+    return { initialMs: this.opts.backoffInitialMs ?? 200, maxMs: this.opts.backoffMaxMs ?? 30_000 };
+  }
+
+  private async relist(signal: AbortSignal): Promise<void> {
+    this.stats.lists++;
+    const fresh = new Map<string, T>();
+    let cont: string | undefined;
+    let rv = "";
+    do {
+      const page = await this.client.list<T>(this.resource, this.opts.namespace, {
+        labelSelector: this.opts.labelSelector,
+        limit: 500,
+        continue: cont,
+      }, signal);
+      for (const item of page.items) fresh.set(objectKey(item), item);
+      cont = page.metadata.continue || undefined;
+      rv = page.metadata.resourceVersion ?? "";
+    } while (cont);
+    const old = new Map(this.cache);
+    this.cache.clear();
+    for (const [k, o] of fresh) this.cache.set(k, o);
+    this.resourceVersion = rv;
+    for (const [k, o] of old) if (!fresh.has(k)) this.emit("DELETED", o);
+    for (const [k, o] of fresh) {
+      const before = old.get(k);
+      if (!before) this.emit("ADDED", o);
+      else if (before.metadata.resourceVersion !== o.metadata.resourceVersion) this.emit("MODIFIED", o);
+    }
+    if (!this.hasSynced) {
+      this.hasSynced = true;
+      this.resolveSynced();
+    }
+  }
+
+  /** One watch request; returns whether any event arrived. Throws on errors (410 included). */
+  private async watchOnce(signal: AbortSignal): Promise<boolean> {
+    this.stats.watches++;
+    const idle = new AbortController();
+    const both = AbortSignal.any([signal, idle.signal]);
+    const idleMs = this.opts.idleTimeoutMs ?? 90_000;
+    let timer = setTimeout(() => idle.abort(), idleMs);
+    const touch = () => {
+      clearTimeout(timer);
+      timer = setTimeout(() => idle.abort(), idleMs);
+    };
+    let any = false;
+    try {
+      const events = this.client.watch<T>(this.resource, this.opts.namespace, {
+        resourceVersion: this.resourceVersion,
+        labelSelector: this.opts.labelSelector,
+        timeoutSeconds: this.opts.watchTimeoutSeconds ?? 60,
+      }, both);
+      for await (const ev of events) {
+        touch();
+        any = true;
+        if (ev.type === "ERROR") {
+          const status = ev.object as unknown as { code?: number; reason?: string; message?: string };
+          throw new KubeError(status.code ?? 500, status.reason ?? "WatchError", status.message ?? "watch error");
+        }
+        this.resourceVersion = ev.object.metadata.resourceVersion ?? this.resourceVersion;
+        if (ev.type === "BOOKMARK") continue;
+        const key = objectKey(ev.object);
+        if (ev.type === "DELETED") this.cache.delete(key);
+        else this.cache.set(key, ev.object);
+        this.emit(ev.type, ev.object);
+      }
+      return any;
+    } catch (e) {
+      if (idle.signal.aborted && !signal.aborted) {
+        this.stats.idleTimeouts++;
+        this.opts.log.warn("watch silent, restarting", { resource: this.resource.plural, idleMs });
+        return any;
+      }
+      throw e;
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  private emit(type: EventType, obj: T): void {
+    for (const h of this.handlers) h(type, obj);
+  }
+}

@@ -1,0 +1,424 @@
+/**
+ * Provisioner parameters: the class's `spec.parameters` with the set's deep-merged over them, validated into the
+ * typed values the renderer and the remote scripts use. Everything validated here ends up on a remote host (an SSH
+ * target, a unit file, a container argument), so this is the injection boundary: values are checked against strict
+ * patterns, never escaped into shape. Pure: no I/O, no clock.
+ */
+import { isIPv4, isIPv6 } from "node:net";
+import type { DriverSpec, ExporterSet, VirtualTargetClass } from "../api/types.ts";
+
+export type PullPolicy = "Always" | "IfNotPresent" | "Never";
+export type HostKeyPolicy = "Strict" | "AcceptNew";
+
+export interface ImageChoice {
+  image: string;
+  pullPolicy: PullPolicy;
+}
+
+export interface InstanceParams {
+  host: { name: string; user: string; port: number };
+  hostKeyPolicy?: HostKeyPolicy;
+  runtime: { kvm: boolean; devices: string[] };
+  arch?: string;
+  cpu?: number;
+  memory?: string;
+  storage?: string;
+  images: { exporter: ImageChoice; runtime: ImageChoice };
+}
+
+export interface FieldError {
+  object: "VirtualTargetClass" | "ExporterSet";
+  name: string;
+  /** Path from the object's root, e.g. `spec.parameters.host.name`. */
+  field: string;
+  /** What is wrong and how to fix it. */
+  message: string;
+}
+
+export type ResolveResult =
+  | { ok: true; params: InstanceParams; warnings: string[] }
+  | { ok: false; errors: FieldError[] };
+
+export const DEFAULT_IMAGES = {
+  exporter: "quay.io/jumpstarter-dev/jumpstarter:latest",
+  runtime: "quay.io/jumpstarter-dev/virtual/qemu-runtime:latest",
+} as const;
+
+export const QEMU_DRIVER_TYPE = "jumpstarter_driver_qemu.driver.Qemu";
+export const KNOWN_ARCHES = [
+  "x86_64",
+  "i386",
+  "aarch64",
+  "arm",
+  "riscv64",
+  "riscv32",
+  "ppc64le",
+  "ppc64",
+  "ppc",
+  "s390x",
+  "mips64el",
+  "mips64",
+  "mipsel",
+  "mips",
+  "loongarch64",
+] as const;
+
+type Json = Record<string, unknown>;
+
+const isMap = (v: unknown): v is Json => typeof v === "object" && v !== null && !Array.isArray(v);
+
+/** Deep merge as upstream does it for `ExporterSet.spec.parameters`: maps merge recursively, anything else replaces. */
+export function mergeParameters(base: Json | undefined, override: Json | undefined): Json {
+  const out: Json = { ...base };
+  for (const [k, v] of Object.entries(override ?? {})) {
+    const b = out[k];
+    out[k] = isMap(b) && isMap(v) ? mergeParameters(b, v) : v;
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- quantities
+
+const QUANTITY_RE = /^([0-9]+)(Ki|Mi|Gi|Ti|K|M|G|T)?$/;
+const UNIT_BYTES: Record<string, number> = {
+  "": 1,
+  K: 1e3,
+  M: 1e6,
+  G: 1e9,
+  T: 1e12,
+  Ki: 2 ** 10,
+  Mi: 2 ** 20,
+  Gi: 2 ** 30,
+  Ti: 2 ** 40,
+};
+
+function quantityBytes(q: string): number | undefined {
+  const m = QUANTITY_RE.exec(q);
+  return m ? Number(m[1]) * UNIT_BYTES[m[2] ?? ""] : undefined;
+}
+
+/**
+ * A Kubernetes quantity as QEMU writes sizes (`-m`, `qemu-img resize`), whose suffixes are binary: `4Gi` -> `4G`,
+ * `512Mi` -> `512M`, as upstream does. Decimal and plain-byte quantities are converted exactly rather than by
+ * dropping the `i` (`4G` is 4e9 bytes, not 4 GiB): to the largest binary unit that divides them, else rounded up to
+ * whole MiB, which QEMU needs anyway. Assumes a quantity that passed validation.
+ */
+export function qemuQuantity(q: string): string {
+  const m = QUANTITY_RE.exec(q);
+  if (!m) throw new Error(`not a quantity: ${JSON.stringify(q)}`);
+  if (m[2]?.endsWith("i")) return `${m[1]}${m[2][0]}`;
+  const bytes = quantityBytes(q)!;
+  for (const [unit, size] of [["T", 2 ** 40], ["G", 2 ** 30], ["M", 2 ** 20]] as const) {
+    if (bytes % size === 0) return `${bytes / size}${unit}`;
+  }
+  return `${Math.ceil(bytes / 2 ** 20)}M`;
+}
+
+// ---------------------------------------------------------------- value checks
+
+const DNS_LABEL = "[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?";
+const DNS_NAME_RE = new RegExp(`^${DNS_LABEL}(?:\\.${DNS_LABEL})*$`);
+const USER_RE = /^[a-z_][a-z0-9_.-]{0,31}$/;
+const DEV_PATH = "/dev/[A-Za-z0-9_.+-]+(?:/[A-Za-z0-9_.+-]+)*";
+const DEVICE_RE = new RegExp(`^${DEV_PATH}(?::${DEV_PATH})?$`);
+// The distribution reference grammar, restricted to what a unit file and podman accept without quoting.
+const REF_COMPONENT = "[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*";
+const IMAGE_RE = new RegExp(
+  `^(?:${DNS_LABEL}(?:\\.${DNS_LABEL})*(?::[0-9]{1,5})?/)?${REF_COMPONENT}(?:/${REF_COMPONENT})*` +
+    `(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$`,
+);
+const MAX_MEMORY = 4 * 2 ** 40;
+const MAX_STORAGE = 64 * 2 ** 40;
+const MIN_SIZE = 2 ** 20;
+const MAX_DEVICES = 64;
+
+/** The parameters we understand; anything else is reported as a warning so that typos are visible. */
+const KNOWN: Record<string, Record<string, true> | true> = {
+  ssh: { user: true, port: true, hostKeyPolicy: true },
+  host: { name: true, user: true, port: true },
+  runtime: { kvm: true, devices: true, host_network: true },
+  arch: true,
+  resources: { cpu: true, memory: true },
+  storage: { size: true },
+};
+
+const typeName = (v: unknown) => v === null ? "null" : Array.isArray(v) ? "list" : typeof v;
+
+/** Resolves and validates the parameters, images and driver template of one ExporterSet over its class. */
+export function resolveParams(cls: VirtualTargetClass, set: ExporterSet): ResolveResult {
+  const errors: FieldError[] = [];
+  const warnings: string[] = [];
+  const clsParams = cls.spec.parameters ?? {};
+  const setParams = set.spec.parameters ?? {};
+  const merged = mergeParameters(clsParams, setParams);
+  const who = (o: VirtualTargetClass | ExporterSet, kind: FieldError["object"]) => ({
+    object: kind,
+    name: o.metadata.name ?? "",
+  });
+  const clsRef = who(cls, "VirtualTargetClass");
+  const setRef = who(set, "ExporterSet");
+
+  // Blame the object the merged value came from: the set if it sets this path, else the class.
+  const origin = (path: string[]) => {
+    let cur: unknown = setParams;
+    for (const p of path) {
+      if (!isMap(cur) || !(p in cur)) return clsRef;
+      cur = cur[p];
+    }
+    return setRef;
+  };
+  // `suffix` addresses inside a list, which comes whole from one object since lists replace
+  const fail = (path: string[], message: string, suffix = "") =>
+    errors.push({ ...origin(path), field: `spec.parameters.${path.join(".")}${suffix}`, message });
+
+  const get = (path: string[]): unknown => {
+    let cur: unknown = merged;
+    for (const p of path) cur = isMap(cur) ? cur[p] : undefined;
+    return cur;
+  };
+
+  // Unknown keys, reported on each object separately so the message names where the typo is.
+  for (const [ref, params] of [[clsRef, clsParams], [setRef, setParams]] as const) {
+    for (const [k, v] of Object.entries(params)) {
+      const known = KNOWN[k];
+      if (known === undefined) {
+        warnings.push(unknownKey(ref, [k], Object.keys(KNOWN)));
+      } else if (known !== true && isMap(v)) {
+        for (const sub of Object.keys(v)) {
+          if (!known[sub]) warnings.push(unknownKey(ref, [k, sub], Object.keys(known)));
+        }
+      }
+    }
+  }
+  for (const section of Object.keys(KNOWN)) {
+    const v = merged[section];
+    const known = KNOWN[section];
+    if (known !== true && v !== undefined && !isMap(v)) {
+      fail([section], `expected a map with the keys ${Object.keys(known).join(", ")}; got ${typeName(v)}`);
+    }
+  }
+  if (get(["runtime", "host_network"]) !== undefined) {
+    warnings.push(
+      `${describe(origin(["runtime", "host_network"]))}: spec.parameters.runtime.host_network is ignored: the ` +
+        "exporter always shares the runtime's own network namespace, so instances on one host never clash",
+    );
+  }
+
+  const str = (path: string[], check: (s: string) => string | undefined): string | undefined => {
+    const v = get(path);
+    if (v === undefined) return undefined;
+    if (typeof v !== "string") {
+      fail(path, `expected a string, got ${typeName(v)} ${JSON.stringify(v)}`);
+      return undefined;
+    }
+    const problem = check(v);
+    if (problem) {
+      fail(path, problem);
+      return undefined;
+    }
+    return v;
+  };
+  const int = (path: string[], min: number, max: number): number | undefined => {
+    const v = get(path);
+    if (v === undefined) return undefined;
+    if (typeof v === "string" && /^[0-9]+$/.test(v)) {
+      fail(path, `expected an integer, got the string "${v}": write ${v} without quotes`);
+    } else if (typeof v !== "number" || !Number.isInteger(v)) {
+      fail(path, `expected an integer from ${min} to ${max}, got ${typeName(v)} ${JSON.stringify(v)}`);
+    } else if (v < min || v > max) {
+      fail(path, `${v} is out of range: use an integer from ${min} to ${max}`);
+    } else return v;
+    return undefined;
+  };
+
+  // host: where the instances run and how to log in
+  const hostName = str(["host", "name"], checkHostName);
+  if (get(["host", "name"]) === undefined && (merged.host === undefined || isMap(merged.host))) {
+    errors.push({
+      ...clsRef,
+      field: "spec.parameters.host.name",
+      message: "missing: set parameters.host.name (the lab host's DNS name or IP address) on the " +
+        `VirtualTargetClass ${clsRef.name} or on the ExporterSet ${setRef.name}`,
+    });
+  }
+  const userCheck = (s: string) =>
+    USER_RE.test(s) ? undefined : `"${s}" is not a valid user name: use lowercase letters, digits, "_", "." or "-" ` +
+      "(starting with a letter or _), at most 32 characters";
+  // both levels are checked even when host.* wins: another set of the same class may use ssh.*
+  const sshUser = str(["ssh", "user"], userCheck);
+  const sshPort = int(["ssh", "port"], 1, 65535);
+  const user = str(["host", "user"], userCheck) ?? sshUser ?? "root";
+  const port = int(["host", "port"], 1, 65535) ?? sshPort ?? 22;
+  const hostKeyPolicy = str(
+    ["ssh", "hostKeyPolicy"],
+    (s) => s === "Strict" || s === "AcceptNew" ? undefined : `"${s}" is not a host key policy: use Strict or AcceptNew`,
+  ) as HostKeyPolicy | undefined;
+
+  // runtime
+  let kvm = false;
+  const kvmValue = get(["runtime", "kvm"]);
+  if (kvmValue !== undefined && typeof kvmValue !== "boolean") {
+    fail(["runtime", "kvm"], `expected true or false, got ${typeName(kvmValue)} ${JSON.stringify(kvmValue)}`);
+  } else kvm = kvmValue === true;
+  const devices = checkDevices(get(["runtime", "devices"]), (m, suffix) => fail(["runtime", "devices"], m, suffix));
+
+  const arch = str(
+    ["arch"],
+    (s) =>
+      (KNOWN_ARCHES as readonly string[]).includes(s)
+        ? undefined
+        : `"${s}" is not a known QEMU architecture: use one of ${KNOWN_ARCHES.join(", ")}`,
+  );
+  const cpu = int(["resources", "cpu"], 1, 1024);
+  const memory = str(["resources", "memory"], (s) => checkQuantity(s, MAX_MEMORY, "4Ti"));
+  const storage = str(["storage", "size"], (s) => checkQuantity(s, MAX_STORAGE, "64Ti"));
+
+  const images = {
+    exporter: resolveImage("exporter", cls, set, clsRef, setRef, errors),
+    runtime: resolveImage("runtime", cls, set, clsRef, setRef, errors),
+  };
+  checkDrivers(set.spec.template?.spec?.drivers ?? [], setRef, errors, warnings);
+
+  if (errors.length > 0 || hostName === undefined) return { ok: false, errors };
+  const params: InstanceParams = {
+    host: { name: hostName, user, port },
+    runtime: { kvm, devices },
+    images,
+  };
+  if (hostKeyPolicy) params.hostKeyPolicy = hostKeyPolicy;
+  if (arch) params.arch = arch;
+  if (cpu !== undefined) params.cpu = cpu;
+  if (memory) params.memory = memory;
+  if (storage) params.storage = storage;
+  return { ok: true, params, warnings };
+}
+
+type Ref = { object: FieldError["object"]; name: string };
+
+const describe = (ref: Ref) => `${ref.object} ${ref.name}`;
+
+function unknownKey(ref: Ref, path: string[], known: string[]): string {
+  const key = path[path.length - 1];
+  const near = known.find((k) => editDistance(k, key) <= 2);
+  return `${describe(ref)}: spec.parameters.${path.join(".")} is not a known parameter and is ignored` +
+    (near ? ` (did you mean ${[...path.slice(0, -1), near].join(".")}?)` : ` (known here: ${known.join(", ")})`);
+}
+
+function editDistance(a: string, b: string): number {
+  let prev = Array.from({ length: b.length + 1 }, (_, i) => i);
+  for (let i = 1; i <= a.length; i++) {
+    const cur = [i];
+    for (let j = 1; j <= b.length; j++) {
+      cur[j] = Math.min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] === b[j - 1] ? 0 : 1));
+    }
+    prev = cur;
+  }
+  return prev[b.length];
+}
+
+function checkHostName(s: string): string | undefined {
+  if (isIPv4(s) || isIPv6(s)) return undefined;
+  if (/^\[.*\]$/.test(s) && isIPv6(s.slice(1, -1))) return `write the IPv6 address without brackets: ${s.slice(1, -1)}`;
+  if (s.length <= 253 && DNS_NAME_RE.test(s) && !/^[0-9.]+$/.test(s)) return undefined;
+  return `"${s}" is not a DNS name or an IP address: use a host name like lab-host-01.example.com, ` +
+    "an IPv4 address like 10.0.0.5 or an IPv6 address like fd00::5 (no port, user or brackets)";
+}
+
+function checkQuantity(s: string, max: number, maxText: string): string | undefined {
+  const bytes = quantityBytes(s);
+  if (bytes === undefined) {
+    return `"${s}" is not a quantity: use an integer with an optional suffix Ki, Mi, Gi, Ti (or K, M, G, T), ` +
+      `e.g. "4Gi" or "512Mi"`;
+  }
+  if (bytes < MIN_SIZE) return `"${s}" is less than 1Mi: did you forget the suffix, e.g. "${s}Gi"?`;
+  if (bytes > max) return `"${s}" is more than the maximum of ${maxText}`;
+  return undefined;
+}
+
+function checkDevices(v: unknown, fail: (message: string, suffix?: string) => void): string[] {
+  if (v === undefined) return [];
+  if (!Array.isArray(v)) {
+    fail(`expected a list of device paths like ["/dev/ttyUSB0"], got ${typeName(v)}`);
+    return [];
+  }
+  if (v.length > MAX_DEVICES) fail(`${v.length} devices is more than the maximum of ${MAX_DEVICES}`);
+  const ok: string[] = [];
+  v.forEach((d, i) => {
+    if (typeof d !== "string") {
+      fail(`expected a device path string, got ${typeName(d)}`, `[${i}]`);
+    } else if (!DEVICE_RE.test(d) || d.split(/[/:]/).some((seg) => seg === "." || seg === "..")) {
+      fail(
+        `"${d}" is not a device path: use an absolute path under /dev made of letters, digits, "_", ".", "+", "-", ` +
+          `optionally followed by ":/dev/name-in-container", e.g. "/dev/ttyUSB0" or "/dev/ttyUSB0:/dev/ttyS1"`,
+        `[${i}]`,
+      );
+    } else ok.push(d);
+  });
+  return ok;
+}
+
+function resolveImage(
+  role: "exporter" | "runtime",
+  cls: VirtualTargetClass,
+  set: ExporterSet,
+  clsRef: Ref,
+  setRef: Ref,
+  errors: FieldError[],
+): ImageChoice {
+  const pick = <K extends "image" | "imagePullPolicy">(key: K) => {
+    for (const [o, ref] of [[set, setRef], [cls, clsRef]] as const) {
+      const v = o.spec.images?.[role]?.[key];
+      if (v !== undefined) return { v: v as unknown, ref, field: `spec.images.${role}.${key}` };
+    }
+    return undefined;
+  };
+  const image = pick("image");
+  const policy = pick("imagePullPolicy");
+  const choice: ImageChoice = { image: DEFAULT_IMAGES[role], pullPolicy: "IfNotPresent" };
+  if (image) {
+    if (typeof image.v !== "string" || image.v.length > 512 || !IMAGE_RE.test(image.v)) {
+      errors.push({
+        ...image.ref,
+        field: image.field,
+        message:
+          `${JSON.stringify(image.v)} is not an image reference: use [registry[:port]/]path[:tag][@sha256:digest] ` +
+          `with lowercase path components, e.g. "${DEFAULT_IMAGES[role]}"`,
+      });
+    } else choice.image = image.v;
+  }
+  if (policy) {
+    if (policy.v === "Always" || policy.v === "IfNotPresent" || policy.v === "Never") choice.pullPolicy = policy.v;
+    else {
+      errors.push({
+        ...policy.ref,
+        field: policy.field,
+        message: `${JSON.stringify(policy.v)} is not a pull policy: use Always, IfNotPresent or Never`,
+      });
+    }
+  }
+  return choice;
+}
+
+/** The parts of the driver template the renderer relies on: names are config keys and the QEMU config is a map. */
+function checkDrivers(drivers: DriverSpec[], setRef: Ref, errors: FieldError[], warnings: string[]) {
+  const seen = new Set<string>();
+  drivers.forEach((d, i) => {
+    const field = `spec.template.spec.drivers[${i}]`;
+    const err = (sub: string, message: string) => errors.push({ ...setRef, field: `${field}${sub}`, message });
+    if (seen.has(d.name)) err(".name", `driver name "${d.name}" is used twice: driver names must be unique`);
+    seen.add(d.name);
+    if ((d.type === undefined) === (d.ref === undefined)) err("", "set exactly one of type or ref");
+    if (d.config !== undefined && !isMap(d.config)) err(".config", `expected a map, got ${typeName(d.config)}`);
+    if (d.type !== QEMU_DRIVER_TYPE || !isMap(d.config)) return;
+    if ("launcher_socket" in d.config) {
+      warnings.push(
+        `${describe(setRef)}: ${field}.config.launcher_socket is replaced by /shared/launcher.sock, the socket of ` +
+          "the runtime container",
+      );
+    }
+    const fwd = d.config.hostfwd;
+    if (fwd !== undefined && !isMap(fwd)) {
+      err(".config.hostfwd", `expected a map of name: {protocol, hostaddr, hostport, guestport}, got ${typeName(fwd)}`);
+    }
+  });
+}

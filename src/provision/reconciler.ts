@@ -1,0 +1,514 @@
+/**
+ * One ExporterSet, from its cached state to Exporters in the API and instances on its lab host. Every step reads the
+ * world and does what is missing, so a reconcile can be killed anywhere and the next one finishes the job.
+ *
+ * Order of work: finish Exporters being deleted (tear down on the host, then drop our finalizer); deploy or refresh
+ * every live Exporter that has credentials; plan the count; create, re-enable, drain or delete; write status.
+ */
+import { Buffer } from "node:buffer";
+import { createHash } from "node:crypto";
+import type { ConfigMap, Exporter, ExporterSet, Lease, Secret, VirtualTargetClass } from "../api/types.ts";
+import { EXPORTER_SETS, EXPORTERS, SECRETS } from "../kube/resources.ts";
+import { isConflict, isNotFound, type KubeClient } from "../kube/client.ts";
+import type { Informer } from "../kube/informer.ts";
+import type { Recorder } from "../kube/events.ts";
+import type { Outcome } from "../kube/queue.ts";
+import type { Logger } from "../observe/log.ts";
+import type { Metrics } from "../observe/metrics.ts";
+import { type Instance, renderInstance } from "../host/render.ts";
+import type { HostOps } from "../host/lab.ts";
+import { type InstanceParams, resolveParams } from "./params.ts";
+import {
+  decodeSecretValue,
+  type LabTarget,
+  PINNED_HOST_KEYS_KEY,
+  PINNED_HOST_KEYS_SECRET,
+  sshTarget,
+} from "./credentials.ts";
+import { type ExporterView, plan, selectorMatches, selectorString, withDefaults } from "./plan.ts";
+import { computeStatus, type ExporterState, type Problem, statusChanged } from "./status.ts";
+
+export const FINALIZER = "qemu-ssh.jumpstarter.dev/teardown";
+export const HOST_ANNOTATION = "qemu-ssh.jumpstarter.dev/host";
+/** Where an instance was deployed (user@host:port), so teardown finds it even after the set's host changed. */
+export const TARGET_ANNOTATION = "qemu-ssh.jumpstarter.dev/ssh-target";
+export const SET_LABEL = "qemu-ssh.jumpstarter.dev/exporter-set";
+const DEFAULT_CA_CONFIGMAP = { name: "jumpstarter-service-ca-cert", key: "ca.crt" };
+
+export interface Caches {
+  sets: Informer<ExporterSet>;
+  classes: Informer<VirtualTargetClass>;
+  exporters: Informer<Exporter>;
+  leases: Informer<Lease>;
+  secrets: Informer<Secret>;
+  configMaps: Informer<ConfigMap>;
+}
+
+export interface Context {
+  client: KubeClient;
+  caches: Caches;
+  hosts: HostOps;
+  recorder: Recorder;
+  log: Logger;
+  metrics: Metrics;
+  provisioner: string;
+  now: () => Date;
+  /** Re-apply every instance at least this often, to repair drift on the host. */
+  resyncMs: number;
+  /** Per-process memory of what was applied, so an unchanged instance is not re-sent on every event. */
+  applied: Map<string, AppliedState>;
+  /** Exporters created but not yet seen in the cache, per set uid (avoids double creation). */
+  expectations: Map<string, { names: Set<string>; until: number }>;
+}
+
+export interface AppliedState {
+  hash: string;
+  at: number;
+  ready: boolean;
+  exited: boolean;
+}
+
+const split = (key: string) => {
+  const i = key.indexOf("/");
+  return [key.slice(0, i), key.slice(i + 1)] as const;
+};
+
+export function ownerSetName(e: Exporter): string | undefined {
+  return e.metadata.ownerReferences?.find((o) => o.controller && o.kind === "ExporterSet")?.name;
+}
+
+export async function reconcile(ctx: Context, key: string): Promise<Outcome> {
+  const [ns, name] = split(key);
+  const set = ctx.caches.sets.get(ns, name);
+  const owned = ctx.caches.exporters.list(ns).filter((e) =>
+    ownerSetName(e) === name && (!set || e.metadata.ownerReferences!.some((o) => o.uid === set.metadata.uid))
+  );
+  if (!set) return await orphaned(ctx, ns, owned);
+  const cls = ctx.caches.classes.get(ns, set.spec.virtualTargetClassName);
+  if (cls && cls.spec.provisioner !== ctx.provisioner) return {}; // another provisioner's set
+  const log = ctx.log.child({ exporterSet: key });
+  const s = withDefaults(set.spec);
+  const selector = selectorString(set.spec.template?.metadata?.labels ?? set.spec.selector?.matchLabels ?? {});
+  const statusBase = {
+    generation: set.metadata.generation,
+    old: set.status,
+    now: ctx.now(),
+    selector,
+    minReplicas: s.minReplicas,
+    minAvailableReplicas: s.minAvailableReplicas,
+    maxReplicas: s.maxReplicas,
+  };
+  if (!cls) {
+    await writeStatus(
+      ctx,
+      set,
+      computeStatus({
+        ...statusBase,
+        exporters: [],
+        waitingForCredentials: [],
+        problems: [],
+        classMissing: set.spec.virtualTargetClassName,
+      }),
+    );
+    return {};
+  }
+
+  const problems: Problem[] = [];
+  const resolved = resolveParams(cls, set);
+  let params: InstanceParams | undefined;
+  let target: LabTarget | undefined;
+  if (!resolved.ok) {
+    const msg = resolved.errors.map((e) => `${e.object} ${e.name}: ${e.field}: ${e.message}`).join("; ");
+    problems.push({ reason: "InvalidParameters", message: msg });
+    ctx.recorder.event(set, "Warning", "InvalidParameters", msg);
+  } else {
+    params = resolved.params;
+    for (const w of resolved.warnings) ctx.recorder.event(set, "Warning", "UnknownParameter", w);
+    const cred = sshTarget(
+      cls,
+      params,
+      ctx.caches.secrets.get(ns, cls.spec.credentialsSecretRef?.name ?? ""),
+      ctx.caches.secrets.get(ns, PINNED_HOST_KEYS_SECRET),
+    );
+    if (cred.ok) target = cred.target;
+    else {
+      problems.push(cred.problem);
+      ctx.recorder.event(set, "Warning", cred.problem.reason, cred.problem.message);
+    }
+  }
+
+  // 1. Exporters being deleted: tear down on the host first, then let them go.
+  const live: Exporter[] = [];
+  for (const e of owned) {
+    if (e.metadata.deletionTimestamp) {
+      const p = await finalize(ctx, set, e, target);
+      if (p) problems.push(p);
+    } else live.push(e);
+  }
+
+  // 2. Deploy or refresh what has credentials.
+  const waiting: string[] = [];
+  const states = new Map<string, AppliedState | undefined>();
+  if (params && target) {
+    const results = await Promise.all(live.map(async (e) => {
+      const hasCreds = e.status?.credential?.name && e.status?.endpoint;
+      if (!hasCreds) {
+        waiting.push(e.metadata.name!);
+        return undefined;
+      }
+      try {
+        return await deploy(ctx, set, cls, e, params!, target!);
+      } catch (err) {
+        const p = { reason: problemReason(err), message: `${e.metadata.name}: ${errorText(err)}` };
+        problems.push(p);
+        ctx.recorder.event(e, "Warning", "DeployFailed", p.message);
+        log.warn("deploy failed", { exporter: e.metadata.name, error: errorText(err) });
+        return undefined;
+      }
+    }));
+    live.forEach((e, i) => states.set(e.metadata.uid!, results[i]));
+  }
+
+  // 3. Plan and act.
+  const leases = ctx.caches.leases.list(ns);
+  const views: ExporterView[] = live.map((e) => ({
+    name: e.metadata.name!,
+    enabled: e.spec?.enabled !== false,
+    leased: isLeased(e, leases),
+    deleting: false,
+    exited: states.get(e.metadata.uid!)?.exited ?? false,
+    createdAt: e.metadata.creationTimestamp ?? "",
+  }));
+  const pending = pendingCreates(ctx, set, live);
+  for (const n of pending) {
+    views.push({ name: n, enabled: true, leased: false, deleting: false, exited: false, createdAt: "" });
+  }
+  const labels = set.spec.template?.metadata?.labels ?? {};
+  const demand =
+    leases.filter((l) =>
+      !l.status?.ended && !l.status?.exporterRef && !l.spec?.exporterRef && selectorMatches(l.spec?.selector, labels)
+    ).length;
+  const p = plan({
+    spec: set.spec,
+    exporters: views,
+    pendingDemand: demand,
+    waitForFirstConsumer: cls.spec.bindingMode === "WaitForFirstConsumer",
+    surplusSince: set.status?.surplusSince,
+    now: ctx.now(),
+  });
+  if (!params || !target) p.create = 0; // nothing can be deployed until the configuration is fixed
+  await createExporters(ctx, set, p.create);
+  for (const n of p.enable) await setEnabled(ctx, set, ns, n, true);
+  for (const n of p.drain) await setEnabled(ctx, set, ns, n, false);
+  for (const n of p.delete) {
+    await ctx.client.delete(EXPORTERS, ns, n);
+    ctx.recorder.event(set, "Normal", "DeletingExporter", `deleting exporter ${n}`);
+  }
+
+  // 4. Status.
+  const exporterStates: ExporterState[] = views.filter((v) => !pending.includes(v.name)).map((v) => {
+    const e = live.find((x) => x.metadata.name === v.name)!;
+    const online = e.status?.conditions?.find((c) => c.type === "Online");
+    return {
+      name: v.name,
+      enabled: v.enabled && !p.drain.includes(v.name),
+      leased: v.leased,
+      ready: states.get(e.metadata.uid!)?.ready ?? false,
+      online: online ? online.status === "True" : undefined,
+    };
+  });
+  await writeStatus(
+    ctx,
+    set,
+    computeStatus({
+      ...statusBase,
+      desired: p.desired,
+      wanted: p.wanted,
+      exporters: exporterStates,
+      waitingForCredentials: waiting,
+      problems,
+      surplusSince: p.surplusSince,
+    }),
+  );
+  const retry = problems.length ? 30_000 : ctx.resyncMs;
+  return { requeueAfterMs: Math.min(retry, p.requeueAfterMs ?? Infinity) };
+}
+
+// ---------------------------------------------------------------- deploy
+
+async function deploy(
+  ctx: Context,
+  set: ExporterSet,
+  cls: VirtualTargetClass,
+  e: Exporter,
+  params: InstanceParams,
+  target: LabTarget,
+): Promise<AppliedState> {
+  const ns = set.metadata.namespace!;
+  const name = e.metadata.name!;
+  const where = targetString(target);
+  const previous = e.metadata.annotations?.[TARGET_ANNOTATION];
+  if (previous && previous !== where) {
+    // The set now points at another host: remove the instance from the old one before deploying anew.
+    await ctx.hosts.remove(parseTarget(previous, target), name);
+    ctx.applied.delete(e.metadata.uid!);
+  }
+  if (previous !== where) await annotate(ctx, e, { [HOST_ANNOTATION]: target.host, [TARGET_ANNOTATION]: where });
+
+  const token = decodeSecretValue(ctx.caches.secrets.get(ns, e.status!.credential!.name), "token");
+  if (!token) throw new Error(`Secret ${ns}/${e.status!.credential!.name} has no token yet`);
+  const instance: Instance = {
+    namespace: ns,
+    name,
+    uid: e.metadata.uid!,
+    setName: set.metadata.name!,
+    params,
+    drivers: set.spec.template?.spec?.drivers ?? [],
+    exitOnLeaseEnd: withDefaults(set.spec).recycleStrategy === "ExitAndReplace",
+    endpoint: e.status!.endpoint!,
+    token,
+    caBundle: caBundle(ctx, cls),
+  };
+  const rendered = renderInstance(instance);
+  const hash = createHash("sha256").update(JSON.stringify(rendered)).update(JSON.stringify(target)).digest("hex");
+  const last = ctx.applied.get(e.metadata.uid!);
+  const now = ctx.now().getTime();
+  if (last && last.hash === hash && last.ready && now - last.at < ctx.resyncMs) return last;
+
+  const started = performance.now();
+  const report = await ctx.hosts.apply(target, rendered, {
+    kvmRequired: params.runtime.kvm,
+    keepExited: instance.exitOnLeaseEnd,
+  });
+  ctx.metrics.deploySeconds.observe({ host: target.host }, (performance.now() - started) / 1000);
+  if (report.errors.length) throw new DeployError(report.errors.join("; "), report.errorCode);
+  if (report.changed.length && !last) {
+    ctx.recorder.event(
+      e,
+      "Normal",
+      "Deployed",
+      `deployed to ${target.host} (units ${rendered.units.runtime}, ${rendered.units.exporter})`,
+    );
+  } else if (report.changed.length) {
+    ctx.recorder.event(e, "Normal", "Updated", `updated on ${target.host}: ${report.changed.join(", ")}`);
+  }
+  const state = { hash, at: now, ready: report.ready, exited: report.exited };
+  ctx.applied.set(e.metadata.uid!, state);
+  return state;
+}
+
+class DeployError extends Error {
+  constructor(message: string, readonly code?: string) {
+    super(message);
+  }
+}
+
+function problemReason(err: unknown): string {
+  if (err instanceof DeployError && err.code === "kvm") return "KvmMissing";
+  const kind = (err as { kind?: string })?.kind;
+  if (kind === "hostkey") return "HostKeyRejected";
+  if (kind === "auth") return "AuthenticationFailed";
+  if (kind === "connect" || kind === "timeout") return "HostUnreachable";
+  return "DeployFailed";
+}
+
+const errorText = (e: unknown) => e instanceof Error ? e.message : String(e);
+
+function caBundle(ctx: Context, cls: VirtualTargetClass): string {
+  const ns = cls.metadata.namespace;
+  const ref = cls.spec.caBundleConfigMapRef;
+  const cm = ref
+    ? ctx.caches.configMaps.get(ns, ref.name)?.data?.[ref.key ?? "ca-bundle.crt"]
+    : ctx.caches.configMaps.get(ns, DEFAULT_CA_CONFIGMAP.name)?.data?.[DEFAULT_CA_CONFIGMAP.key];
+  return cm ?? "";
+}
+
+export const targetString = (t: LabTarget) => `${t.user}@${t.host}:${t.port}`;
+
+function parseTarget(s: string, like: LabTarget): LabTarget {
+  const m = /^(.+)@(.+):(\d+)$/.exec(s);
+  return m ? { ...like, user: m[1], host: m[2], port: Number(m[3]) } : like;
+}
+
+// ---------------------------------------------------------------- teardown
+
+/** Tears down a deleted Exporter's instance, then removes our finalizer. Returns a problem if it cannot. */
+async function finalize(
+  ctx: Context,
+  owner: KubeObjectLike,
+  e: Exporter,
+  target: LabTarget | undefined,
+): Promise<Problem | undefined> {
+  if (!e.metadata.finalizers?.includes(FINALIZER)) return undefined;
+  const where = e.metadata.annotations?.[TARGET_ANNOTATION];
+  if (where) {
+    if (!target) {
+      return {
+        reason: "TeardownBlocked",
+        message: `cannot tear down ${e.metadata.name} on ${where}: the class's SSH credentials are unusable; fix ` +
+          "them (the instance stays until then)",
+      };
+    }
+    try {
+      await ctx.hosts.remove(parseTarget(where, target), e.metadata.name!);
+    } catch (err) {
+      const message = `teardown of ${e.metadata.name} on ${where} failed, will retry: ${errorText(err)}`;
+      ctx.recorder.event(e, "Warning", "TeardownFailed", message);
+      return { reason: "TeardownFailed", message };
+    }
+  }
+  ctx.applied.delete(e.metadata.uid!);
+  await ctx.client.mergePatch(EXPORTERS, e.metadata.namespace, e.metadata.name!, {
+    metadata: {
+      resourceVersion: e.metadata.resourceVersion,
+      finalizers: e.metadata.finalizers.filter((f) => f !== FINALIZER),
+    },
+  }).catch((err) => {
+    if (!isNotFound(err) && !isConflict(err)) throw err;
+  });
+  ctx.recorder.event(owner, "Normal", "TornDown", `removed ${e.metadata.name} from ${where ?? "(never deployed)"}`);
+  return undefined;
+}
+
+type KubeObjectLike = ExporterSet | Exporter;
+
+/**
+ * The set is gone (the garbage collector may not be running, or not yet): delete its Exporters and tear down their
+ * instances with the credentials of the class they were deployed with, if it is still there.
+ */
+async function orphaned(ctx: Context, ns: string, owned: Exporter[]): Promise<Outcome> {
+  for (const e of owned) {
+    if (!e.metadata.deletionTimestamp) {
+      await ctx.client.delete(EXPORTERS, ns, e.metadata.name!);
+      continue;
+    }
+    const target = lastTarget(ctx, e);
+    const p = await finalize(ctx, e, e, target);
+    if (p) return { requeueAfterMs: 30_000 };
+  }
+  return owned.length ? { requeueAfterMs: 1_000 } : {};
+}
+
+/** Credentials for tearing down an orphan: any class in the namespace of our provisioner whose host matches. */
+function lastTarget(ctx: Context, e: Exporter): LabTarget | undefined {
+  const ns = e.metadata.namespace!;
+  const where = e.metadata.annotations?.[TARGET_ANNOTATION];
+  if (!where) return undefined;
+  for (const cls of ctx.caches.classes.list(ns)) {
+    if (cls.spec.provisioner !== ctx.provisioner) continue;
+    const m = /^(.+)@(.+):(\d+)$/.exec(where)!;
+    const params = { host: { name: m[2], user: m[1], port: Number(m[3]) } } as InstanceParams;
+    const cred = sshTarget(
+      cls,
+      params,
+      ctx.caches.secrets.get(ns, cls.spec.credentialsSecretRef?.name ?? ""),
+      ctx.caches.secrets.get(ns, PINNED_HOST_KEYS_SECRET),
+    );
+    if (cred.ok) return cred.target;
+  }
+  return undefined;
+}
+
+// ---------------------------------------------------------------- API writes
+
+function isLeased(e: Exporter, leases: Lease[]): boolean {
+  if (e.status?.leaseRef?.name) return true;
+  return leases.some((l) => !l.status?.ended && l.status?.exporterRef?.name === e.metadata.name);
+}
+
+function pendingCreates(ctx: Context, set: ExporterSet, live: Exporter[]): string[] {
+  const exp = ctx.expectations.get(set.metadata.uid!);
+  if (!exp) return [];
+  for (const e of live) exp.names.delete(e.metadata.name!);
+  if (exp.names.size === 0 || Date.now() > exp.until) {
+    ctx.expectations.delete(set.metadata.uid!);
+    return [];
+  }
+  return [...exp.names];
+}
+
+async function createExporters(ctx: Context, set: ExporterSet, n: number): Promise<void> {
+  if (n <= 0) return;
+  const m = set.metadata;
+  const created = await Promise.all(Array.from({ length: n }, () =>
+    ctx.client.create<Exporter>(EXPORTERS, {
+      metadata: {
+        generateName: `${m.name}-`,
+        namespace: m.namespace,
+        labels: { ...set.spec.template?.metadata?.labels, [SET_LABEL]: m.name! },
+        annotations: set.spec.template?.metadata?.annotations,
+        finalizers: [FINALIZER],
+        ownerReferences: [{
+          apiVersion: `${EXPORTER_SETS.group}/${EXPORTER_SETS.version}`,
+          kind: "ExporterSet",
+          name: m.name!,
+          uid: m.uid!,
+          controller: true,
+          blockOwnerDeletion: true,
+        }],
+      },
+      spec: { enabled: true },
+    })));
+  const names = created.map((e) => e.metadata.name!);
+  const exp = ctx.expectations.get(m.uid!) ?? { names: new Set<string>(), until: 0 };
+  for (const name of names) exp.names.add(name);
+  exp.until = Date.now() + 60_000;
+  ctx.expectations.set(m.uid!, exp);
+  ctx.recorder.event(set, "Normal", "CreatedExporters", `created ${names.join(", ")}`);
+}
+
+async function setEnabled(ctx: Context, set: ExporterSet, ns: string, name: string, enabled: boolean) {
+  await ctx.client.mergePatch(EXPORTERS, ns, name, { spec: { enabled } });
+  ctx.recorder.event(
+    set,
+    "Normal",
+    enabled ? "EnabledExporter" : "DrainingExporter",
+    `${enabled ? "re-enabled" : "draining"} ${name}`,
+  );
+}
+
+async function annotate(ctx: Context, e: Exporter, annotations: Record<string, string>) {
+  await ctx.client.mergePatch(EXPORTERS, e.metadata.namespace, e.metadata.name!, { metadata: { annotations } });
+}
+
+async function writeStatus(ctx: Context, set: ExporterSet, next: ExporterSet["status"] & object): Promise<void> {
+  if (!statusChanged(set.status, next)) return;
+  // A merge patch keeps keys it does not mention: null out the ones that went away.
+  const patch: Record<string, unknown> = { ...next };
+  for (const k of Object.keys(set.status ?? {})) if (!(k in next)) patch[k] = null;
+  await ctx.client.mergePatch(EXPORTER_SETS, set.metadata.namespace, set.metadata.name!, { status: patch }, "status");
+}
+
+/** Trust on first use: records a host key seen for the first time in the namespace's pin Secret. */
+export async function pinHostKey(client: KubeClient, target: LabTarget, line: string): Promise<void> {
+  for (let attempt = 0; attempt < 5; attempt++) {
+    const current = await client.find<Secret>(SECRETS, target.namespace, PINNED_HOST_KEYS_SECRET);
+    const text = decodeSecretValue(current, PINNED_HOST_KEYS_KEY) ?? "";
+    if (text.split("\n").includes(line)) return;
+    const data = {
+      [PINNED_HOST_KEYS_KEY]: Buffer.from(`${text}${text && !text.endsWith("\n") ? "\n" : ""}${line}\n`).toString(
+        "base64",
+      ),
+    };
+    try {
+      if (!current) {
+        await client.create<Secret>(SECRETS, {
+          metadata: { name: PINNED_HOST_KEYS_SECRET, namespace: target.namespace },
+          type: "Opaque",
+          data,
+        });
+      } else {
+        await client.mergePatch(SECRETS, target.namespace, PINNED_HOST_KEYS_SECRET, {
+          metadata: { resourceVersion: current.metadata.resourceVersion },
+          data,
+        });
+      }
+      return;
+    } catch (e) {
+      if (!isConflict(e)) throw e; // someone else pinned at the same time: read again
+    }
+  }
+  throw new Error(
+    `could not pin the host key of ${target.host} in Secret ${target.namespace}/${PINNED_HOST_KEYS_SECRET}`,
+  );
+}

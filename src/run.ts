@@ -1,0 +1,97 @@
+/** `run`: the controller process: clients, leader election, health, signals, graceful shutdown. */
+import { KubeClient } from "./kube/client.ts";
+import { acquireLeadership, type Leadership } from "./kube/leader.ts";
+import { createLogger, type Level } from "./observe/log.ts";
+import { Metrics } from "./observe/metrics.ts";
+import { type HealthServer, parseBindAddress, serveHealth } from "./observe/health.ts";
+import { SshPool } from "./host/ssh.ts";
+import { LabHosts } from "./host/lab.ts";
+import { Controller } from "./provision/controller.ts";
+import { type LabTarget } from "./provision/credentials.ts";
+import { pinHostKey } from "./provision/reconciler.ts";
+
+export interface RunOptions {
+  provisioner: string;
+  kubeconfig?: string;
+  namespace?: string;
+  leaderElect: boolean;
+  healthAddress: string;
+  metricsAddress: string;
+  logLevel: Level;
+  logFormat: "text" | "json";
+  resyncMs: number;
+  hostAliases: Record<string, string>;
+}
+
+export async function runController(o: RunOptions): Promise<number> {
+  const log = createLogger({ level: o.logLevel, format: o.logFormat });
+  const client = await KubeClient.load(o.kubeconfig);
+  const metrics = new Metrics();
+  const shutdown = new AbortController();
+  for (const sig of ["SIGTERM", "SIGINT"] as const) {
+    Deno.addSignalListener(sig, () => {
+      log.info("shutting down", { signal: sig });
+      shutdown.abort();
+    });
+  }
+
+  const pool = new SshPool({
+    onHostKeyAccepted: async (t, line, fp) => {
+      const target = t as LabTarget;
+      log.warn(
+        "pinned a new host key (trust on first use); add known_hosts to the credentials Secret to verify " +
+          "it strictly",
+        { host: `${t.host}:${t.port}`, fingerprint: fp, secret: `${target.namespace}/qemu-ssh-known-hosts` },
+      );
+      await pinHostKey(client, target, line);
+    },
+  });
+  const controller = new Controller({
+    client,
+    hosts: new LabHosts(pool, { hostAliases: o.hostAliases, metrics }),
+    log,
+    provisioner: o.provisioner,
+    namespace: o.namespace,
+    resyncMs: o.resyncMs,
+    metrics,
+  });
+
+  // A standby replica is ready (it is healthy, just waiting); the leader once its caches are synced.
+  let leading = !o.leaderElect;
+  const servers: HealthServer[] = [];
+  const health = parseBindAddress(o.healthAddress);
+  if (health) servers.push(serveHealth(health, { ready: () => !leading || controller.ready, metrics }));
+  const metricsAddr = parseBindAddress(o.metricsAddress);
+  if (metricsAddr) servers.push(serveHealth(metricsAddr, { ready: () => true, metrics }));
+
+  let leadership: Leadership | undefined;
+  if (o.leaderElect) {
+    if (!o.namespace) throw new Error("--leader-elect needs a namespace for its Lease: set NAMESPACE or --namespace");
+    leadership = await acquireLeadership(client, {
+      namespace: o.namespace,
+      name: `exporterset-${o.provisioner.replaceAll(".", "-")}`,
+      identity: `${Deno.hostname()}_${crypto.randomUUID().slice(0, 8)}`,
+      log,
+    }, shutdown.signal);
+    if (!leadership) return await close(0);
+    leading = true;
+  }
+
+  await controller.start();
+  const lost = leadership?.lost ?? new AbortController().signal;
+  await new Promise((r) => {
+    shutdown.signal.addEventListener("abort", r);
+    lost.addEventListener("abort", r);
+  });
+  await controller.stop();
+  return await close(lost.aborted ? 1 : 0);
+
+  async function close(code: number): Promise<number> {
+    await leadership?.release();
+    await pool.close();
+    for (const s of servers) await s.shutdown();
+    client.close();
+    log.info("stopped");
+    return code;
+  }
+}

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Prints, as the last line of stdout, a directory holding executable kube-apiserver and etcd.
+# Builds them from the Go module proxy on first use; later runs only check the cache.
+set -euo pipefail
+
+K8S_VERSION=v1.37.2
+ETCD_VERSION=v3.6.16
+
+# Callers parse only the last stdout line, so everything the Go tool prints must go to stderr.
+exec 3>&1 1>&2
+
+has_binaries() { [[ -x $1/kube-apiserver && -x $1/etcd ]]; }
+
+if [[ -n ${KUBEBUILDER_ASSETS:-} ]] && has_binaries "$KUBEBUILDER_ASSETS"; then
+  echo "$KUBEBUILDER_ASSETS" >&3
+  exit 0
+fi
+
+cache="${QSP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/qemu-ssh-provisioner}/controlplane"
+out="$cache/k8s-${K8S_VERSION#v}-etcd-${ETCD_VERSION#v}"
+
+if has_binaries "$out"; then
+  echo "$out" >&3
+  exit 0
+fi
+
+mkdir -p "$cache"
+exec 9>"$cache/build.lock"
+if ! flock -n 9; then
+  echo "build.sh: waiting for another build of $out" >&2
+  flock 9
+fi
+# Another run may have finished the build while we waited for the lock.
+if has_binaries "$out"; then
+  echo "$out" >&3
+  exit 0
+fi
+
+mkdir -p "$out"
+# Under the cache dir (not /tmp) so the final mv is an atomic rename on the same filesystem.
+work=$(mktemp -d "$cache/build.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+export CGO_ENABLED=0 GOFLAGS=-mod=mod
+
+build_kube_apiserver() {
+  local mod="$work/kube-apiserver" staging_version gomod
+  # Staging modules are published as v0.M.P alongside k8s.io/kubernetes v1.M.P.
+  staging_version="v0.${K8S_VERSION#v1.}"
+  gomod=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
+  [[ -f $gomod ]] || {
+    echo "build.sh: no go.mod for k8s.io/kubernetes@$K8S_VERSION" >&2
+    exit 1
+  }
+  mkdir -p "$mod"
+  {
+    echo "module qsp.local/kube-apiserver-build"
+    echo "go $(sed -n 's/^go //p' "$gomod")"
+    echo "require k8s.io/kubernetes $K8S_VERSION"
+    # k8s.io/kubernetes replaces its staging modules with ./staging paths that do not exist outside its repository.
+    sed -n 's#^[[:space:]]*\(k8s\.io/[^[:space:]]*\) => \./staging/src/.*#replace \1 => \1 '"$staging_version"'#p' "$gomod"
+  } >"$mod/go.mod"
+  grep -q '^replace' "$mod/go.mod" || {
+    echo "build.sh: found no staging replaces in $gomod" >&2
+    exit 1
+  }
+  # Without these (set by Kubernetes' own hack/lib/version.sh) /version reports v0.0.0-master, which clients misread.
+  local minor="${K8S_VERSION#v1.}" ldflags="" pkg
+  minor="${minor%%.*}"
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+  done
+  (cd "$mod" && go build -trimpath -ldflags="$ldflags" -o "$out/.kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver)
+  mv -f "$out/.kube-apiserver.tmp" "$out/kube-apiserver"
+}
+
+build_etcd() {
+  local mod="$work/etcd"
+  mkdir -p "$mod"
+  cat >"$mod/go.mod" <<EOF
+module qsp.local/etcd-build
+go 1.24
+require go.etcd.io/etcd/server/v3 $ETCD_VERSION
+EOF
+  cat >"$mod/main.go" <<'EOF'
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() { etcdmain.Main(os.Args) }
+EOF
+  (cd "$mod" && go build -trimpath -o "$out/.etcd.tmp" .)
+  mv -f "$out/.etcd.tmp" "$out/etcd"
+}
+
+started=$SECONDS
+[[ -x $out/etcd ]] || build_etcd
+[[ -x $out/kube-apiserver ]] || build_kube_apiserver
+echo "build.sh: built kube-apiserver $K8S_VERSION and etcd $ETCD_VERSION in $((SECONDS - started))s into $out" >&2
+echo "$out" >&3

@@ -1,0 +1,97 @@
+/**
+ * The shared environment of one test run: a real control plane and real lab hosts, started once by test/run.ts and
+ * described to the test files by the JSON file named in $QSP_TEST_ENV. Each test takes a fresh namespace.
+ */
+import { parse, parseAllDocuments } from "yaml";
+import type { KubeObject } from "../src/api/types.ts";
+import { CRDS } from "../src/api/crds.ts";
+import { isConflict, KubeClient } from "../src/kube/client.ts";
+import { CRDS as CRD_RESOURCE, NAMESPACES } from "../src/kube/resources.ts";
+import type { LabHost } from "./labhost/labhost.ts";
+
+export interface TestEnv {
+  kubeconfig: string;
+  /** Kubeconfigs for restricted identities, by user name (see test/run.ts). */
+  userKubeconfigs: Record<string, string>;
+  labhosts: LabHost[];
+  controlPlaneDir: string;
+}
+
+export async function testEnv(): Promise<TestEnv> {
+  const path = Deno.env.get("QSP_TEST_ENV");
+  if (!path) {
+    throw new Error("QSP_TEST_ENV is not set: run the suite with `deno task test` (it starts the environment)");
+  }
+  return JSON.parse(await Deno.readTextFile(path)) as TestEnv;
+}
+
+export async function freshNamespace(client: KubeClient, prefix = "t"): Promise<string> {
+  const name = `${prefix}-${crypto.randomUUID().slice(0, 8)}`;
+  await client.create(NAMESPACES, { metadata: { name } });
+  return name;
+}
+
+/** Creates or updates the CRDs, then waits until the API server serves them. */
+export async function installCrds(client: KubeClient): Promise<void> {
+  for (const crd of CRDS) {
+    try {
+      await client.create(CRD_RESOURCE, crd as unknown as KubeObject);
+    } catch (e) {
+      if (!isConflict(e)) throw e;
+      const current = await client.get<KubeObject>(CRD_RESOURCE, undefined, crd.metadata.name);
+      await client.replace(
+        CRD_RESOURCE,
+        {
+          ...crd,
+          metadata: { ...crd.metadata, resourceVersion: current.metadata.resourceVersion },
+        } as unknown as KubeObject,
+      );
+    }
+  }
+  for (const crd of CRDS) {
+    await waitFor(async () => {
+      const c = await client.get<{ status?: { conditions?: { type: string; status: string }[] } }>(
+        CRD_RESOURCE,
+        undefined,
+        crd.metadata.name,
+      );
+      return c.status?.conditions?.some((x) => x.type === "Established" && x.status === "True");
+    }, { what: `CRD ${crd.metadata.name} established`, timeoutMs: 30_000 });
+  }
+}
+
+/** Polls until `fn` returns something truthy; the error names what was awaited and the last value seen. */
+export async function waitFor<T>(
+  fn: () => Promise<T | undefined | null | false> | T | undefined | null | false,
+  opts: { what: string; timeoutMs?: number; intervalMs?: number },
+): Promise<T> {
+  const deadline = Date.now() + (opts.timeoutMs ?? 60_000);
+  let last: unknown;
+  for (;;) {
+    try {
+      const v = await fn();
+      if (v) return v;
+      last = v;
+    } catch (e) {
+      last = e;
+    }
+    if (Date.now() > deadline) {
+      throw new Error(
+        `timed out waiting for ${opts.what}; last: ${last instanceof Error ? last.message : JSON.stringify(last)}`,
+      );
+    }
+    await new Promise((r) => setTimeout(r, opts.intervalMs ?? 250));
+  }
+}
+
+/** The feature description's example manifests (manifests/examples/), retargeted to a namespace. */
+export async function seedExample(file: "virtualtargetclass.yaml" | "exporterset.yaml", namespace: string) {
+  const text = await Deno.readTextFile(new URL(`../manifests/examples/${file}`, import.meta.url));
+  const obj = parse(text) as KubeObject & { spec: unknown };
+  obj.metadata.namespace = namespace;
+  return obj;
+}
+
+export function parseYamlDocs(text: string): KubeObject[] {
+  return parseAllDocuments(text).map((d) => d.toJS() as KubeObject).filter((o) => o);
+}

@@ -1,0 +1,75 @@
+/**
+ * FakeJumpstarterController: plays the part of the real Jumpstarter controller for tests and the sandbox, and only
+ * the part this provisioner depends on: for every Exporter it creates the credential Secret `<exporter>-exporter`
+ * (key `token`, owner-referenced to the Exporter) and sets `status.credential` and `status.endpoint`.
+ * It also stands in for the garbage collector of a cluster without kube-controller-manager by deleting the token
+ * Secrets of Exporters that are gone.
+ */
+import { Buffer } from "node:buffer";
+import type { Exporter, Secret } from "../src/api/types.ts";
+import { isNotFound, type KubeClient } from "../src/kube/client.ts";
+import { Informer } from "../src/kube/informer.ts";
+import { EXPORTERS, SECRETS } from "../src/kube/resources.ts";
+import { silentLogger } from "../src/observe/log.ts";
+
+export const FAKE_ENDPOINT = "grpc.jumpstarter.sandbox.invalid:443";
+
+export interface FakeJumpstarter {
+  /** Issues a new token for an Exporter, as Jumpstarter does on rotation. Returns the token. */
+  rotate(namespace: string, exporter: string): Promise<string>;
+  stop(): Promise<void>;
+}
+
+const newToken = () => `fake-jwt.${crypto.randomUUID()}`;
+const b64 = (s: string) => Buffer.from(s).toString("base64");
+
+export function startFakeJumpstarter(client: KubeClient, namespace?: string): FakeJumpstarter {
+  const abort = new AbortController();
+  const exporters = new Informer<Exporter>(client, EXPORTERS, { namespace, log: silentLogger });
+  const inFlight = new Set<string>();
+  const issue = async (e: Exporter) => {
+    const ns = e.metadata.namespace!;
+    const name = e.metadata.name!;
+    const secretName = `${name}-exporter`;
+    try {
+      await client.create<Secret>(SECRETS, {
+        metadata: {
+          name: secretName,
+          namespace: ns,
+          ownerReferences: [{ apiVersion: "jumpstarter.dev/v1alpha1", kind: "Exporter", name, uid: e.metadata.uid! }],
+        },
+        type: "Opaque",
+        data: { token: b64(newToken()) },
+      }).catch((err) => {
+        if ((err as { status?: number }).status !== 409) throw err;
+      });
+      await client.mergePatch(EXPORTERS, ns, name, {
+        status: { credential: { name: secretName }, endpoint: FAKE_ENDPOINT },
+      }, "status");
+    } catch (err) {
+      if (!isNotFound(err)) console.error(`fake jumpstarter: ${name}: ${err}`);
+    }
+  };
+  exporters.on((type, e) => {
+    const key = `${e.metadata.namespace}/${e.metadata.name}`;
+    if (type === "DELETED") {
+      client.delete(SECRETS, e.metadata.namespace, `${e.metadata.name}-exporter`).catch(() => {});
+      return;
+    }
+    if (e.status?.credential || e.metadata.deletionTimestamp || inFlight.has(key)) return;
+    inFlight.add(key);
+    issue(e).finally(() => inFlight.delete(key));
+  });
+  const loop = exporters.run(abort.signal);
+  return {
+    async rotate(ns, exporter) {
+      const token = newToken();
+      await client.mergePatch(SECRETS, ns, `${exporter}-exporter`, { data: { token: b64(token) } });
+      return token;
+    },
+    async stop() {
+      abort.abort();
+      await loop;
+    },
+  };
+}

@@ -1,0 +1,143 @@
+/**
+ * Simulated lab hosts for tests and the sandbox: a thin wrapper around labhost.sh (systemd-nspawn system containers
+ * with sshd, podman/quadlet, /dev/kvm and stand-in images). Needs root.
+ *
+ * Usage:
+ *   const net = { dir: "/tmp/qsp-test-lab", bridge: "qsplab1", subnet: "10.78.0" };
+ *   try {
+ *     const hosts = await startLabHosts(net, 2);
+ *     await hostExec(hosts[0], "podman ps");
+ *   } finally {
+ *     await stopLabHosts(net); // also cleans up after a partly failed start
+ *   }
+ *
+ * Two sets coexist as long as their dir, bridge and subnet differ.
+ *
+ * @module
+ */
+
+import { resolve } from "node:path";
+
+export interface LabHost {
+  name: string;
+  address: string;
+  port: number;
+  user: string;
+  privateKeyPath: string;
+  knownHostsPath: string;
+}
+
+export interface LabNet {
+  dir: string;
+  bridge: string;
+  /** first three octets of a /24, e.g. "10.78.0"; the bridge gets .1, host hN gets .(10+N) */
+  subnet: string;
+}
+
+export interface ExecResult {
+  code: number;
+  stdout: string;
+  stderr: string;
+}
+
+export const labhostScript: string = `${import.meta.dirname}/labhost.sh`;
+
+/** Environment that points labhost.sh at one set, for running it by hand or from other tools. */
+export function labNetEnv(net: LabNet): Record<string, string> {
+  return {
+    LAB_DIR: net.dir,
+    LAB_BRIDGE: net.bridge,
+    LAB_BRIDGE_ADDR: `${net.subnet}.1`,
+    LAB_PREFIX: "24",
+  };
+}
+
+async function run(cmd: string, args: string[], env?: Record<string, string>): Promise<ExecResult> {
+  const out = await new Deno.Command(cmd, { args, env, stdin: "null", stdout: "piped", stderr: "piped" }).output();
+  const dec = new TextDecoder();
+  return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
+}
+
+async function labhost(net: LabNet, ...args: string[]): Promise<ExecResult> {
+  return await run("bash", [labhostScript, ...args], labNetEnv(net));
+}
+
+function check(what: string, r: ExecResult): void {
+  if (r.code !== 0) throw new Error(`labhost.sh ${what} failed (exit ${r.code}):\n${r.stderr}${r.stdout}`);
+}
+
+/** Boots h1..hN at subnet.11.. in parallel; resolves when sshd answers on every host. */
+export async function startLabHosts(net: LabNet, count: number): Promise<LabHost[]> {
+  if (!/^\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(net.subnet)) {
+    throw new Error(`subnet must look like "10.78.0": ${net.subnet}`);
+  }
+  if (count < 1 || count > 200) throw new Error(`count out of range: ${count}`);
+  // one build up front, so the parallel "up"s below do not all queue on the cache lock with their boot timeouts
+  check("base", await labhost(net, "base"));
+  const dir = resolve(net.dir);
+  const hosts: LabHost[] = [];
+  for (let i = 1; i <= count; i++) {
+    hosts.push({
+      name: `h${i}`,
+      address: `${net.subnet}.${10 + i}`,
+      port: 22,
+      user: "root",
+      privateKeyPath: `${dir}/keys/id_ed25519`,
+      knownHostsPath: `${dir}/known_hosts`,
+    });
+  }
+  const results = await Promise.all(hosts.map((h) => labhost(net, "up", h.name, h.address)));
+  const failed = results.flatMap((r, i) => r.code === 0 ? [] : [`${hosts[i].name}: exit ${r.code}\n${r.stderr}`]);
+  if (failed.length > 0) throw new Error(`labhost.sh up failed:\n${failed.join("\n")}`);
+  return hosts;
+}
+
+// Only hosts with a directory in this set count: netns names alone could belong to another set with the same bridge.
+async function hostNames(net: LabNet): Promise<string[]> {
+  const names: string[] = [];
+  try {
+    for await (const e of Deno.readDir(`${net.dir}/hosts`)) if (e.isDirectory) names.push(e.name);
+  } catch (e) {
+    if (!(e instanceof Deno.errors.NotFound)) throw e;
+  }
+  return names;
+}
+
+/** Destroys every host of the set and its bridge. Safe to call twice and after a failed start. */
+export async function stopLabHosts(net: LabNet): Promise<void> {
+  const names = await hostNames(net);
+  const results = await Promise.all(names.map((n) => labhost(net, "destroy", n)));
+  const netDown = await labhost(net, "net-down");
+  const failed = results.flatMap((r, i) => r.code === 0 ? [] : [`${names[i]}: exit ${r.code}\n${r.stderr}`]);
+  check("net-down", netDown);
+  if (failed.length > 0) throw new Error(`labhost.sh destroy failed:\n${failed.join("\n")}`);
+}
+
+/**
+ * Runs a shell command on a lab host with the system ssh client and strict host key checking. For test assertions
+ * only: the product connects with its own SSH code.
+ */
+export async function hostExec(host: LabHost, command: string): Promise<ExecResult> {
+  return await run("ssh", [
+    "-F",
+    "/dev/null",
+    "-i",
+    host.privateKeyPath,
+    "-p",
+    String(host.port),
+    "-o",
+    "BatchMode=yes",
+    "-o",
+    "LogLevel=ERROR",
+    "-o",
+    "ConnectTimeout=5",
+    "-o",
+    "StrictHostKeyChecking=yes",
+    "-o",
+    `UserKnownHostsFile=${host.knownHostsPath}`,
+    "-o",
+    "GlobalKnownHostsFile=/dev/null",
+    `${host.user}@${host.address}`,
+    command,
+  ]);
+}

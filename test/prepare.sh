@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs and builds what the test suite and the sandbox need, so a fresh Debian machine with Deno (or Node/npm)
+# and Go is enough. Idempotent; everything heavy is cached outside the repository (~/.cache/qemu-ssh-provisioner).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" != 0 ]; then
+  echo "prepare: the lab hosts are systemd-nspawn containers in network namespaces: run as root" >&2
+  exit 1
+fi
+missing=()
+for tool in debootstrap:debootstrap systemd-nspawn:systemd-container zstd:zstd ssh:openssh-client \
+  ssh-keygen:openssh-client openssl:openssl ip:iproute2 flock:util-linux; do
+  command -v "${tool%%:*}" >/dev/null || missing+=("${tool#*:}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "prepare: installing ${missing[*]}" >&2
+  apt-get update -q >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
+fi
+command -v go >/dev/null || { echo "prepare: Go is needed to build kube-apiserver and etcd" >&2; exit 1; }
+
+t0=$SECONDS
+bash test/controlplane/build.sh >/dev/null
+echo "prepare: control plane binaries ready ($((SECONDS - t0))s)" >&2
+t0=$SECONDS
+bash test/labhost/labhost.sh base
+echo "prepare: lab host base image ready ($((SECONDS - t0))s)" >&2

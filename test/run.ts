@@ -1,0 +1,44 @@
+/**
+ * `deno task test`: starts one real control plane and real lab hosts for the whole run, runs `deno test` against
+ * them, and stops everything whatever happens. Extra arguments go to `deno test` (e.g. a file or --filter).
+ */
+import { startControlPlane } from "./controlplane/controlplane.ts";
+import { type LabNet, startLabHosts, stopLabHosts } from "./labhost/labhost.ts";
+import { installCrds, type TestEnv } from "./env.ts";
+import { KubeClient } from "../src/kube/client.ts";
+
+const LAB: LabNet = { dir: "/tmp/qsp-test-lab", bridge: "qsplab1", subnet: "10.78.0" };
+export const TEST_LAB_HOSTS = 2;
+
+const dir = await Deno.makeTempDir({ prefix: "qsp-test-" });
+const t0 = performance.now();
+const secs = () => ((performance.now() - t0) / 1000).toFixed(1);
+let code = 1;
+const cp = await startControlPlane({ dir: `${dir}/controlplane` });
+try {
+  console.error(`[test] control plane ready at ${cp.server} after ${secs()}s`);
+  const client = await KubeClient.load(cp.kubeconfigPath);
+  await installCrds(client);
+  client.close();
+  const labhosts = await startLabHosts(LAB, TEST_LAB_HOSTS);
+  console.error(`[test] ${labhosts.length} lab hosts ready after ${secs()}s`);
+  const env: TestEnv = {
+    kubeconfig: cp.kubeconfigPath,
+    userKubeconfigs: {},
+    labhosts,
+    controlPlaneDir: cp.dir,
+  };
+  await Deno.writeTextFile(`${dir}/env.json`, JSON.stringify(env, null, 2));
+  const test = new Deno.Command(Deno.execPath(), {
+    args: ["test", "-A", ...Deno.args],
+    env: { QSP_TEST_ENV: `${dir}/env.json` },
+    stdin: "null",
+  });
+  code = (await test.output()).code;
+} finally {
+  await stopLabHosts(LAB).catch((e) => console.error(`[test] stopping lab hosts: ${e}`));
+  await cp.stop();
+  await Deno.remove(dir, { recursive: true }).catch(() => {});
+  console.error(`[test] environment stopped after ${secs()}s`);
+}
+Deno.exit(code);

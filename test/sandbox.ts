@@ -1,0 +1,201 @@
+/**
+ * `deno task sandbox up [--hosts N] | down | status | demo`: a local world to run the provisioner in.
+ *
+ * up:     a real control plane (CRDs installed), N real lab hosts, and the FakeJumpstarterController that issues
+ *         exporter credentials; writes .sandbox/kubeconfig, .sandbox/env and .sandbox/labhosts.json.
+ * demo:   up with one host, then the feature description's examples exactly as written (Secret, VirtualTargetClass,
+ *         ExporterSet in namespace jumpstarter; the class's host lab-host-01.example.com is mapped to the first lab
+ *         host with --host-alias), starts the controller, and waits until the exporter runs on the host.
+ * down:   stops everything `up` and `demo` started, by process id.
+ */
+import { parseArgs } from "node:util";
+import { Buffer } from "node:buffer";
+import { startControlPlane, stopControlPlane } from "./controlplane/controlplane.ts";
+import { hostExec, type LabHost, type LabNet, startLabHosts, stopLabHosts } from "./labhost/labhost.ts";
+import { installCrds, seedExample, waitFor } from "./env.ts";
+import { startFakeJumpstarter } from "./fake_jumpstarter.ts";
+import { isConflict, KubeClient } from "../src/kube/client.ts";
+import { EXPORTER_SETS, EXPORTERS, NAMESPACES, SECRETS, VIRTUAL_TARGET_CLASSES } from "../src/kube/resources.ts";
+import type { Exporter, ExporterSet, KubeObject } from "../src/api/types.ts";
+
+const ROOT = new URL("../", import.meta.url).pathname;
+const DIR = `${ROOT}.sandbox`;
+const LAB: LabNet = { dir: `${DIR}/labhost`, bridge: "qsplab0", subnet: "10.77.0" };
+const SEED_HOST = "lab-host-01.example.com";
+const NAMESPACE = "jumpstarter";
+
+const { positionals, values } = parseArgs({
+  args: Deno.args,
+  allowPositionals: true,
+  options: { hosts: { type: "string", default: "1" }, kubeconfig: { type: "string" } },
+});
+const command = positionals[0] ?? "status";
+
+async function pidAlive(file: string): Promise<number | undefined> {
+  const pid = Number((await Deno.readTextFile(file).catch(() => "")).trim());
+  if (!pid) return undefined;
+  try {
+    Deno.kill(pid, "SIGCONT");
+    return pid;
+  } catch {
+    return undefined;
+  }
+}
+
+/** Starts a Deno process that outlives this one (its own session), with its pid and log in .sandbox/. */
+async function daemon(name: string, args: string[]): Promise<void> {
+  if (await pidAlive(`${DIR}/${name}.pid`)) return;
+  const out = await new Deno.Command("bash", {
+    args: ["-c", `setsid "$0" "$@" >>"${DIR}/${name}.log" 2>&1 </dev/null & echo $!`, Deno.execPath(), ...args],
+    cwd: ROOT,
+    stdout: "piped",
+  }).output();
+  await Deno.writeTextFile(`${DIR}/${name}.pid`, new TextDecoder().decode(out.stdout));
+}
+
+async function stopDaemon(name: string): Promise<void> {
+  const pid = await pidAlive(`${DIR}/${name}.pid`);
+  if (pid) {
+    Deno.kill(pid, "SIGTERM");
+    await waitFor(async () => !(await pidAlive(`${DIR}/${name}.pid`)), { what: `${name} to stop`, timeoutMs: 20_000 })
+      .catch(() => Deno.kill(pid, "SIGKILL"));
+  }
+  await Deno.remove(`${DIR}/${name}.pid`).catch(() => {});
+}
+
+async function up(hosts: number): Promise<LabHost[]> {
+  await Deno.mkdir(DIR, { recursive: true });
+  const t0 = performance.now();
+  const kubeconfig = `${DIR}/kubeconfig`;
+  const running = await KubeClient.load(kubeconfig).then((c) => c.list(NAMESPACES).then(() => c)).catch(() =>
+    undefined
+  );
+  const client = running ?? await (async () => {
+    const cp = await startControlPlane({ dir: `${DIR}/controlplane`, detached: true });
+    await Deno.copyFile(cp.kubeconfigPath, kubeconfig);
+    return await KubeClient.load(kubeconfig);
+  })();
+  await installCrds(client);
+  const labhosts = await startLabHosts(LAB, hosts);
+  await Deno.writeTextFile(`${DIR}/labhosts.json`, JSON.stringify(labhosts, null, 2) + "\n");
+  await Deno.writeTextFile(`${DIR}/env`, `KUBECONFIG=${kubeconfig}\nLABHOSTS=${DIR}/labhosts.json\n`);
+  await daemon("fake-jumpstarter", ["run", "-A", "test/sandbox.ts", "fake-jumpstarter", "--kubeconfig", kubeconfig]);
+  client.close();
+  console.log(
+    `sandbox up in ${((performance.now() - t0) / 1000).toFixed(1)}s: ${client.server}, ` +
+      `${labhosts.length} lab host(s) ${labhosts.map((h) => h.address).join(" ")}; env in .sandbox/env`,
+  );
+  return labhosts;
+}
+
+async function down(): Promise<void> {
+  await stopDaemon("controller");
+  await stopDaemon("fake-jumpstarter");
+  await stopLabHosts(LAB);
+  await stopControlPlane(`${DIR}/controlplane`);
+  console.log("sandbox down");
+}
+
+async function status(): Promise<void> {
+  for (const d of ["controller", "fake-jumpstarter"]) {
+    const pid = await pidAlive(`${DIR}/${d}.pid`);
+    console.log(`${d}: ${pid ? `running (pid ${pid})` : "stopped"}`);
+  }
+  const client = await KubeClient.load(`${DIR}/kubeconfig`).catch(() => undefined);
+  const ok = await client?.list(NAMESPACES).then(() => true).catch(() => false);
+  console.log(`control plane: ${ok ? `running at ${client!.server}` : "stopped"}`);
+  const hosts: LabHost[] = JSON.parse(await Deno.readTextFile(`${DIR}/labhosts.json`).catch(() => "[]"));
+  for (const h of hosts) {
+    const r = await hostExec(h, "systemctl is-system-running").catch(() => undefined);
+    console.log(`lab host ${h.name} ${h.address}: ${r ? r.stdout.trim() || "up" : "unreachable"}`);
+  }
+  client?.close();
+}
+
+async function ensure(client: KubeClient, r: typeof SECRETS, obj: KubeObject): Promise<void> {
+  try {
+    await client.create(r, obj);
+  } catch (e) {
+    if (!isConflict(e)) throw e;
+  }
+}
+
+async function demo(): Promise<void> {
+  const [host] = await up(1);
+  const kubeconfig = `${DIR}/kubeconfig`;
+  const client = await KubeClient.load(kubeconfig);
+  await ensure(client, NAMESPACES, { metadata: { name: NAMESPACE } });
+  // Step 2: what `kubectl create secret generic lab-ssh-key --from-file=ssh-privatekey=KEY -n jumpstarter` makes.
+  const key = await Deno.readTextFile(host.privateKeyPath);
+  await ensure(client, SECRETS, {
+    metadata: { name: "lab-ssh-key", namespace: NAMESPACE },
+    type: "Opaque",
+    data: { "ssh-privatekey": Buffer.from(key).toString("base64") },
+  } as KubeObject);
+  // Steps 3 and 4, as written.
+  await ensure(client, VIRTUAL_TARGET_CLASSES, await seedExample("virtualtargetclass.yaml", NAMESPACE));
+  await ensure(client, EXPORTER_SETS, await seedExample("exporterset.yaml", NAMESPACE));
+  await daemon("controller", [
+    "run",
+    "-A",
+    "main.ts",
+    "--kubeconfig",
+    kubeconfig,
+    "--health-probe-bind-address=127.0.0.1:0",
+    `--host-alias=${SEED_HOST}=${host.address}`,
+  ]);
+  console.log("controller started (log: .sandbox/controller.log); waiting for the ExporterSet to become Available");
+  const t0 = performance.now();
+  const set = await waitFor(async () => {
+    const s = await client.get<ExporterSet>(EXPORTER_SETS, NAMESPACE, "aarch64-ssh-pool");
+    const avail = s.status?.conditions?.find((c) => c.type === "Available");
+    return avail?.status === "True" && (s.status?.readyReplicas ?? 0) >= 1 ? s : undefined;
+  }, { what: "ExporterSet jumpstarter/aarch64-ssh-pool Available", timeoutMs: 180_000 });
+  const exporters = (await client.list<Exporter>(EXPORTERS, NAMESPACE)).items;
+  console.log(
+    `\nExporterSet ${NAMESPACE}/aarch64-ssh-pool is Available after ` +
+      `${
+        ((performance.now() - t0) / 1000).toFixed(1)
+      }s: replicas=${set.status?.replicas} ready=${set.status?.readyReplicas}`,
+  );
+  for (const e of exporters) {
+    console.log(
+      `  Exporter ${e.metadata.name} labels=${JSON.stringify(e.metadata.labels)} host=` +
+        `${e.metadata.annotations?.["qemu-ssh.jumpstarter.dev/host"]}`,
+    );
+  }
+  const units = await hostExec(
+    host,
+    "systemctl list-units --no-legend '*-runtime.service' '*-exporter.service'; " +
+      "journalctl -o cat --no-pager -u '*-exporter.service' | grep standin-exporter | tail -n 2",
+  );
+  console.log(`\non ${SEED_HOST} (${host.address}):\n${units.stdout}`);
+  console.log("Look around: source .sandbox/env; .sandbox/controller.log; `deno task sandbox down` stops everything.");
+  client.close();
+}
+
+switch (command) {
+  case "up":
+    await up(Number(values.hosts));
+    break;
+  case "down":
+    await down();
+    break;
+  case "status":
+    await status();
+    break;
+  case "demo":
+    await demo();
+    break;
+  case "fake-jumpstarter": {
+    const client = await KubeClient.load(values.kubeconfig);
+    const fake = startFakeJumpstarter(client);
+    await new Promise<void>((r) => Deno.addSignalListener("SIGTERM", () => r()));
+    await fake.stop();
+    client.close();
+    break;
+  }
+  default:
+    console.error(`unknown command "${command}": use up [--hosts N] | down | status | demo`);
+    Deno.exit(2);
+}
