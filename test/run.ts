@@ -1,14 +1,17 @@
 /**
  * `deno task test`: starts one real control plane and real lab hosts for the whole run, runs `deno test` against
  * them, and stops everything whatever happens. Extra arguments go to `deno test` (e.g. a file or --filter).
+ * QSP_LAB_BRIDGE and QSP_LAB_SUBNET (default qsplab1, 10.78.0) choose the lab network.
  */
 import { startControlPlane } from "./controlplane/controlplane.ts";
 import { type LabNet, startLabHosts, stopLabHosts } from "./labhost/labhost.ts";
 import { installCrds, type TestEnv } from "./env.ts";
 import { KubeClient } from "../src/kube/client.ts";
 
-const LAB: LabNet = { dir: "/tmp/qsp-test-lab", bridge: "qsplab1", subnet: "10.78.0" };
-export const TEST_LAB_HOSTS = 2;
+// Several runs can share a machine (developers, helpers) when each picks its own bridge and subnet.
+const bridge = Deno.env.get("QSP_LAB_BRIDGE") ?? "qsplab1";
+const LAB: LabNet = { dir: `/tmp/qsp-test-${bridge}`, bridge, subnet: Deno.env.get("QSP_LAB_SUBNET") ?? "10.78.0" };
+const TEST_LAB_HOSTS = 2;
 
 const dir = await Deno.makeTempDir({ prefix: "qsp-test-" });
 const t0 = performance.now();
@@ -33,8 +36,10 @@ try {
     args: ["test", "-A", ...Deno.args],
     env: { QSP_TEST_ENV: `${dir}/env.json` },
     stdin: "null",
+    stdout: "inherit",
+    stderr: "inherit",
   });
-  code = (await test.output()).code;
+  code = (await test.spawn().status).code;
 } finally {
   await stopLabHosts(LAB).catch((e) => console.error(`[test] stopping lab hosts: ${e}`));
   await cp.stop();

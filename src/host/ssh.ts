@@ -415,11 +415,10 @@ export class SshPool {
       client.on("close", () => {
         this.#clients.delete(client);
         closeResolve();
-        if (conn) this.#markDead(conn);
-        else if (this.#closed) fail(closedError(target, "the SSH pool was closed while connecting"));
-        else {fail(
-            hostKeyFailure ?? connectError(target, key, new Error("connection closed during the SSH handshake"), 0),
-          );}
+        if (conn) return this.#markDead(conn);
+        if (this.#closed) return fail(closedError(target, "the SSH pool was closed while connecting"));
+        const lost = new Error("connection closed during the SSH handshake");
+        fail(hostKeyFailure ?? connectError(target, key, lost, this.#opts.connectTimeoutMs));
       });
       try {
         client.connect(config);
