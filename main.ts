@@ -8,6 +8,8 @@ import { stringify } from "yaml";
 import { PROVISIONER } from "./src/api/types.ts";
 import { CRDS } from "./src/api/crds.ts";
 import { runController } from "./src/run.ts";
+import { renderCommand } from "./src/cli/render.ts";
+import { doctorCommand } from "./src/cli/doctor.ts";
 
 export const VERSION = "0.1.0";
 
@@ -15,6 +17,8 @@ const USAGE = `qemu-ssh-provisioner ${VERSION}: runs Jumpstarter QEMU targets on
 
 usage: qemu-ssh-provisioner [run] [flags]     run the controller (the default)
        qemu-ssh-provisioner crds              print the CustomResourceDefinitions
+       qemu-ssh-provisioner render ...        print the files run would write on a lab host (offline; --help)
+       qemu-ssh-provisioner doctor ...        check a lab host the way run uses it (--help)
        qemu-ssh-provisioner version
 
 run flags:
@@ -37,6 +41,9 @@ export async function main(argv: string[]): Promise<number> {
   const [first] = argv;
   const command = first && !first.startsWith("-") ? first : "run";
   const rest = command === first ? argv.slice(1) : argv;
+  // these two have their own --help and usage errors
+  if (command === "render") return await renderCommand(rest);
+  if (command === "doctor") return await doctorCommand(rest);
   if (argv.includes("--help") || argv.includes("-h") || command === "help") {
     console.log(USAGE);
     return 0;

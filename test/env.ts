@@ -7,13 +7,15 @@ import type { KubeObject } from "../src/api/types.ts";
 import { CRDS } from "../src/api/crds.ts";
 import { isConflict, KubeClient } from "../src/kube/client.ts";
 import { CRDS as CRD_RESOURCE, NAMESPACES } from "../src/kube/resources.ts";
-import type { LabHost } from "./labhost/labhost.ts";
+import type { LabHost, LabNet } from "./labhost/labhost.ts";
 
 export interface TestEnv {
   kubeconfig: string;
   /** Kubeconfigs for restricted identities, by user name (see test/run.ts). */
   userKubeconfigs: Record<string, string>;
   labhosts: LabHost[];
+  /** The run's lab network; tests that boot hosts of their own derive theirs from it (see privateLabNet). */
+  labNet: LabNet;
   controlPlaneDir: string;
 }
 
@@ -23,6 +25,18 @@ export async function testEnv(): Promise<TestEnv> {
     throw new Error("QSP_TEST_ENV is not set: run the suite with `deno task test` (it starts the environment)");
   }
   return JSON.parse(await Deno.readTextFile(path)) as TestEnv;
+}
+
+/**
+ * A lab network of a test's own (for tests of the harness and of SSH faults), derived from the run's so that runs
+ * side by side on one machine never share a bridge or subnet: tag 1..9 gives bridge `<run bridge><tag>` and subnet
+ * `a.b.(c+tag)`.
+ */
+export async function privateLabNet(tag: number): Promise<LabNet> {
+  const run = Deno.env.get("QSP_TEST_ENV") ? (await testEnv()).labNet : { bridge: "qsplabt", subnet: "10.76.0" };
+  const [a, b, c] = run.subnet.split(".").map(Number);
+  const bridge = `${run.bridge}${tag}`;
+  return { dir: `/tmp/qsp-${bridge}`, bridge, subnet: `${a}.${b}.${c + tag}` };
 }
 
 export async function freshNamespace(client: KubeClient, prefix = "t"): Promise<string> {

@@ -1,7 +1,7 @@
 /**
  * `deno task test`: starts one real control plane and real lab hosts for the whole run, runs `deno test` against
  * them, and stops everything whatever happens. Extra arguments go to `deno test` (e.g. a file or --filter).
- * QSP_LAB_BRIDGE and QSP_LAB_SUBNET (default qsplab1, 10.78.0) choose the lab network.
+ * QSP_LAB_BRIDGE and QSP_LAB_SUBNET (default qsplabt, 10.76.0) choose the lab network.
  */
 import { startControlPlane } from "./controlplane/controlplane.ts";
 import { type LabNet, startLabHosts, stopLabHosts } from "./labhost/labhost.ts";
@@ -9,8 +9,8 @@ import { installCrds, type TestEnv } from "./env.ts";
 import { KubeClient } from "../src/kube/client.ts";
 
 // Several runs can share a machine (developers, helpers) when each picks its own bridge and subnet.
-const bridge = Deno.env.get("QSP_LAB_BRIDGE") ?? "qsplab1";
-const LAB: LabNet = { dir: `/tmp/qsp-test-${bridge}`, bridge, subnet: Deno.env.get("QSP_LAB_SUBNET") ?? "10.78.0" };
+const bridge = Deno.env.get("QSP_LAB_BRIDGE") ?? "qsplabt";
+const LAB: LabNet = { dir: `/tmp/qsp-test-${bridge}`, bridge, subnet: Deno.env.get("QSP_LAB_SUBNET") ?? "10.76.0" };
 const TEST_LAB_HOSTS = 2;
 
 const dir = await Deno.makeTempDir({ prefix: "qsp-test-" });
@@ -29,6 +29,7 @@ try {
     kubeconfig: cp.kubeconfigPath,
     userKubeconfigs: {},
     labhosts,
+    labNet: LAB,
     controlPlaneDir: cp.dir,
   };
   await Deno.writeTextFile(`${dir}/env.json`, JSON.stringify(env, null, 2));

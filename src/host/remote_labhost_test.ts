@@ -3,6 +3,7 @@
  * with quadlet, /dev/kvm, stand-in images whose exporter checks the launcher socket, the tcp target and /dev/kvm).
  * Needs root (network namespaces, bridge, systemd-nspawn); it is skipped otherwise.
  */
+import { privateLabNet } from "../../test/env.ts";
 import assert from "node:assert/strict";
 import {
   type ExecResult,
@@ -25,7 +26,7 @@ import {
   shellCommand,
 } from "./remote.ts";
 
-const net: LabNet = { dir: "/tmp/qsp-remote-test-lab", bridge: "qsplab3", subnet: "10.80.0" };
+const net: LabNet = await privateLabNet(3);
 const isRoot = Deno.uid() === 0;
 
 const params: InstanceParams = {

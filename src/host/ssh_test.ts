@@ -1,3 +1,4 @@
+import { privateLabNet } from "../../test/env.ts";
 import assert from "node:assert/strict";
 import { Buffer } from "node:buffer";
 import { createHash } from "node:crypto";
@@ -193,7 +194,7 @@ Deno.test("ssh: invalid targets are refused before connecting", async () => {
 
 // ---------------------------------------------------------------------------------------------------- lab host
 
-const net: LabNet = { dir: "/tmp/qsp-ssh-test-lab", bridge: "qsplab2", subnet: "10.79.0" };
+const net: LabNet = await privateLabNet(2);
 const isRoot = Deno.uid?.() === 0;
 
 /** Another set using the same /24 would steal the route to our host; say so instead of timing out obscurely. */

@@ -44,6 +44,16 @@ export interface RequestOptions {
   body?: unknown;
   contentType?: string;
   signal?: AbortSignal;
+  /** Overrides the client's requestTimeoutMs for this request. */
+  timeoutMs?: number;
+}
+
+export interface ClientOptions {
+  /**
+   * Bound on every request except watches, response body included. A connection can go half-dead without being
+   * closed (no RST, no FIN), and only a deadline turns that into an error instead of a caller stuck forever.
+   */
+  requestTimeoutMs?: number;
 }
 
 export function resourcePath(
@@ -65,10 +75,11 @@ export class KubeClient {
     private readonly kc: KubeConfig,
     readonly server: string,
     private readonly http: Deno.HttpClient,
+    private readonly requestTimeoutMs: number,
   ) {}
 
   /** Loads an explicit kubeconfig path, else in-cluster config, else $KUBECONFIG / ~/.kube/config. */
-  static async load(kubeconfigPath?: string): Promise<KubeClient> {
+  static async load(kubeconfigPath?: string, opts: ClientOptions = {}): Promise<KubeClient> {
     const kc = new KubeConfig();
     if (kubeconfigPath) kc.loadFromFile(kubeconfigPath);
     else kc.loadFromDefault();
@@ -85,7 +96,7 @@ export class KubeClient {
       ...(cert && key ? { cert, key } : {}),
       http2: false,
     });
-    return new KubeClient(kc, cluster.server.replace(/\/$/, ""), http);
+    return new KubeClient(kc, cluster.server.replace(/\/$/, ""), http, opts.requestTimeoutMs ?? 30_000);
   }
 
   close(): void {
@@ -108,6 +119,7 @@ export class KubeClient {
     return u.toString();
   }
 
+  /** One raw request with no deadline (watches); its `signal` is the only way to end it. */
   async fetch(method: string, path: string, opts: RequestOptions = {}): Promise<Response> {
     this.requests++;
     const contentType = opts.body === undefined ? undefined : (opts.contentType ?? "application/json");
@@ -122,9 +134,21 @@ export class KubeClient {
     return res;
   }
 
+  /** One request and its JSON response, bounded by the request timeout. */
   async request<T>(method: string, path: string, opts: RequestOptions = {}): Promise<T> {
-    const res = await this.fetch(method, path, opts);
-    return await res.json() as T;
+    const ms = opts.timeoutMs ?? this.requestTimeoutMs;
+    const deadline = new AbortController();
+    const timer = setTimeout(
+      () => deadline.abort(new DOMException(`${method} ${path}: no complete response in ${ms} ms`, "TimeoutError")),
+      ms,
+    );
+    const signal = opts.signal ? AbortSignal.any([opts.signal, deadline.signal]) : deadline.signal;
+    try {
+      const res = await this.fetch(method, path, { ...opts, signal });
+      return await res.json() as T;
+    } finally {
+      clearTimeout(timer);
+    }
   }
 
   // ---------------------------------------------------------------- typed helpers
@@ -133,28 +157,37 @@ export class KubeClient {
     return this.request<ObjectList<T>>("GET", resourcePath(r, { namespace }), { query, signal });
   }
 
-  get<T>(r: Resource, namespace: string | undefined, name: string) {
-    return this.request<T>("GET", resourcePath(r, { namespace, name }));
+  get<T>(r: Resource, namespace: string | undefined, name: string, signal?: AbortSignal) {
+    return this.request<T>("GET", resourcePath(r, { namespace, name }), { signal });
   }
 
   /** Returns undefined when the object does not exist. */
-  async find<T>(r: Resource, namespace: string | undefined, name: string): Promise<T | undefined> {
+  async find<T>(
+    r: Resource,
+    namespace: string | undefined,
+    name: string,
+    signal?: AbortSignal,
+  ): Promise<T | undefined> {
     try {
-      return await this.get<T>(r, namespace, name);
+      return await this.get<T>(r, namespace, name, signal);
     } catch (e) {
       if (isNotFound(e)) return undefined;
       throw e;
     }
   }
 
-  create<T extends KubeObject>(r: Resource, obj: T) {
-    return this.request<T>("POST", resourcePath(r, { namespace: obj.metadata.namespace }), { body: withKind(r, obj) });
+  create<T extends KubeObject>(r: Resource, obj: T, signal?: AbortSignal) {
+    return this.request<T>("POST", resourcePath(r, { namespace: obj.metadata.namespace }), {
+      body: withKind(r, obj),
+      signal,
+    });
   }
 
-  replace<T extends KubeObject>(r: Resource, obj: T, subresource?: string) {
+  replace<T extends KubeObject>(r: Resource, obj: T, subresource?: string, signal?: AbortSignal) {
     const m = obj.metadata;
     return this.request<T>("PUT", resourcePath(r, { namespace: m.namespace, name: m.name, subresource }), {
       body: withKind(r, obj),
+      signal,
     });
   }
 
@@ -179,11 +212,11 @@ export class KubeClient {
   /** Deletes; a missing object counts as deleted. */
   async delete(r: Resource, namespace: string | undefined, name: string, preconditionUid?: string): Promise<void> {
     try {
-      await this.fetch("DELETE", resourcePath(r, { namespace, name }), {
+      await this.request("DELETE", resourcePath(r, { namespace, name }), {
         body: preconditionUid
           ? { kind: "DeleteOptions", apiVersion: "v1", preconditions: { uid: preconditionUid } }
           : undefined,
-      }).then((res) => res.body?.cancel());
+      });
     } catch (e) {
       if (!isNotFound(e)) throw e;
     }

@@ -3,7 +3,7 @@
  * Repeats of the same event on the same object within a window bump `count` instead of creating new objects.
  */
 import type { KubeObject } from "../api/types.ts";
-import type { KubeClient } from "./client.ts";
+import { isNotFound, type KubeClient } from "./client.ts";
 import { EVENTS } from "./resources.ts";
 import type { Logger } from "../observe/log.ts";
 
@@ -46,20 +46,28 @@ export class EventRecorder implements Recorder {
 
   private async write(obj: KubeObject, type: EventKind, reason: string, message: string): Promise<void> {
     const m = obj.metadata;
+    // Cluster-scoped objects have no namespace of their own; their events go to "default", as client-go's do.
+    const namespace = m.namespace ?? "default";
     const key = `${m.uid}/${type}/${reason}/${message}`;
     const now = this.now();
     const seen = this.seen.get(key);
     if (seen && now.getTime() - seen.at < WINDOW_MS) {
-      seen.count++;
-      seen.at = now.getTime();
-      await this.client.mergePatch(EVENTS, m.namespace, seen.name, {
-        count: seen.count,
-        lastTimestamp: now.toISOString(),
-      });
-      return;
+      try {
+        await this.client.mergePatch(EVENTS, namespace, seen.name, {
+          count: seen.count + 1,
+          lastTimestamp: now.toISOString(),
+        });
+        seen.count++;
+        seen.at = now.getTime();
+        return;
+      } catch (e) {
+        // The API server's event TTL (1 h by default) or a user removed it: start a new series.
+        if (!isNotFound(e)) throw e;
+        this.seen.delete(key);
+      }
     }
     const created = await this.client.create(EVENTS, {
-      metadata: { generateName: `${m.name}.`, namespace: m.namespace },
+      metadata: { generateName: `${m.name}.`, namespace },
       involvedObject: {
         apiVersion: obj.apiVersion,
         kind: obj.kind,

@@ -5,7 +5,9 @@
  * - Watches ask for bookmarks and carry a server-side timeout, so a healthy quiet watch ends by itself; a watch that
  *   sends nothing (not even the server's close) for `idleTimeoutMs` is presumed dead and restarted.
  * - 410 Gone (compacted resourceVersion) triggers a relist; the relist is diffed against the cache so handlers
- *   see the deletions they missed.
+ *   see the deletions they missed. Other failures resume the watch from the last resourceVersion, and the server
+ *   replays what happened meanwhile (or answers 410).
+ * - Lists are bounded by the client's request timeout, so a half-dead connection cannot stall a relist either.
  * - Every failure backs off exponentially with full jitter, capped, so a lost API server is not hammered and is
  *   retried forever.
  */
@@ -64,14 +66,17 @@ export class Informer<T extends KubeObject> {
     const log = this.opts.log.child({ resource: this.resource.plural });
     let failures = 0;
     let needList = true;
+    let justListed = false;
     while (!signal.aborted) {
       try {
         if (needList) {
           await this.relist(signal);
           needList = false;
+          justListed = true;
         }
         const started = Date.now();
         const gotEvents = await this.watchOnce(signal);
+        justListed = false;
         // A server that closes watches at once must not cause a hot loop; a quiet watch that ran its course is fine.
         failures = gotEvents || Date.now() - started >= 1000 ? 0 : failures + 1;
       } catch (e) {
@@ -80,6 +85,9 @@ export class Informer<T extends KubeObject> {
         if (isGone(e)) {
           log.info("watch expired (410), relisting");
           needList = true;
+          // The server answered, so earlier connection failures are over; but a 410 on the first watch after a fresh
+          // list would otherwise relist in a loop with no pause.
+          failures = justListed ? failures + 1 : 0;
         } else {
           failures++;
           log.warn("list/watch failed, retrying", { error: String(e), failures });
@@ -87,6 +95,11 @@ export class Informer<T extends KubeObject> {
       }
       if (failures > 0) await abortableSleep(backoffDelay(failures, this.backoff()), signal);
     }
+  }
+
+  private get typeMeta() {
+    const r = this.resource;
+    return { apiVersion: r.group ? `${r.group}/${r.version}` : r.version, kind: r.kind };
   }
 
   private backoff() {
@@ -104,7 +117,9 @@ export class Informer<T extends KubeObject> {
         limit: 500,
         continue: cont,
       }, signal);
-      for (const item of page.items) fresh.set(objectKey(item), item);
+      // List items of built-in types come without apiVersion/kind (watch events carry them): fill them in so every
+      // cached object can be referred to, e.g. as an Event's involvedObject.
+      for (const item of page.items) fresh.set(objectKey(item), { ...this.typeMeta, ...item });
       cont = page.metadata.continue || undefined;
       rv = page.metadata.resourceVersion ?? "";
     } while (cont);
@@ -169,7 +184,18 @@ export class Informer<T extends KubeObject> {
     }
   }
 
+  /** A throwing handler must not cost the other handlers their event, nor restart the watch. */
   private emit(type: EventType, obj: T): void {
-    for (const h of this.handlers) h(type, obj);
+    for (const h of this.handlers) {
+      try {
+        h(type, obj);
+      } catch (e) {
+        this.opts.log.error("informer event handler failed", {
+          resource: this.resource.plural,
+          object: objectKey(obj),
+          error: String(e),
+        });
+      }
+    }
   }
 }

@@ -1,6 +1,11 @@
 /**
  * Leader election on a coordination.k8s.io Lease, with client-go's timings (15 s lease, 10 s renew deadline, 2 s
  * retry). Only the holder reconciles; on SIGTERM the holder releases the Lease so a standby takes over at once.
+ *
+ * As in client-go, a standby judges expiry by how long it has itself seen the Lease unchanged, never by the holder's
+ * renewTime: that is another machine's clock, and a skewed one would make a live leader look expired. Every request
+ * is bounded so that a leader whose connection went half-dead still notices, within the renew deadline, that it can no
+ * longer renew, and stops before a standby (waiting a full lease duration) can take over.
  */
 import type { KubeObject } from "../api/types.ts";
 import { isConflict, isNotFound, type KubeClient } from "./client.ts";
@@ -29,10 +34,16 @@ export interface LeaderOptions {
 }
 
 export interface Leadership {
-  /** Aborts when leadership is lost (renewals failed past the deadline). */
+  /** Aborts when leadership is lost (renewals failed past the deadline, or another holder took the Lease). */
   lost: AbortSignal;
   /** Stops renewing and hands the Lease back. */
   release(): Promise<void>;
+}
+
+interface Timings {
+  duration: number;
+  deadline: number;
+  retry: number;
 }
 
 /** Waits until this process holds the Lease (or `signal` aborts, then returns undefined). */
@@ -41,40 +52,60 @@ export async function acquireLeadership(
   opts: LeaderOptions,
   signal: AbortSignal,
 ): Promise<Leadership | undefined> {
-  const duration = opts.leaseDurationMs ?? 15_000;
-  const retry = opts.retryPeriodMs ?? 2_000;
+  const t: Timings = {
+    duration: opts.leaseDurationMs ?? 15_000,
+    deadline: opts.renewDeadlineMs ?? 10_000,
+    retry: opts.retryPeriodMs ?? 2_000,
+  };
+  if (!(t.duration > t.deadline && t.deadline > t.retry)) {
+    throw new Error(`leader election needs lease duration > renew deadline > retry period, got ${JSON.stringify(t)}`);
+  }
+  const elector = new Elector(client, opts, t.duration);
   let logged = false;
   while (!signal.aborted) {
     try {
-      if (await tryAcquireOrRenew(client, opts, duration)) {
+      if (await elector.tryAcquireOrRenew(bounded(signal, t.deadline))) {
         opts.log.info("became leader", { lease: `${opts.namespace}/${opts.name}`, identity: opts.identity });
-        return hold(client, opts, duration, retry);
+        return hold(elector, opts, t);
       }
-      if (!logged) opts.log.info("waiting for leadership", { lease: `${opts.namespace}/${opts.name}` });
+      if (!logged) {
+        opts.log.info("waiting for leadership", { lease: `${opts.namespace}/${opts.name}`, holder: elector.holder });
+      }
       logged = true;
     } catch (e) {
+      if (signal.aborted) break;
       opts.log.warn("leader election attempt failed", { error: String(e) });
     }
-    await abortableSleep(retry, signal);
+    await abortableSleep(t.retry, signal);
   }
   return undefined;
 }
 
-function hold(client: KubeClient, opts: LeaderOptions, duration: number, retry: number): Leadership {
+function hold(elector: Elector, opts: LeaderOptions, t: Timings): Leadership {
   const lost = new AbortController();
   const stop = new AbortController();
-  const deadline = opts.renewDeadlineMs ?? 10_000;
   const loop = (async () => {
-    let lastRenew = Date.now();
+    let lastRenew = elector.renewedAt;
     while (!stop.signal.aborted) {
-      await abortableSleep(retry, stop.signal);
-      if (stop.signal.aborted) break;
+      await abortableSleep(t.retry, stop.signal);
+      if (stop.signal.aborted) return;
+      // An attempt may run only until the deadline: a request hanging past it would keep us leading unknowingly.
+      const left = lastRenew + t.deadline - performance.now();
       try {
-        if (await tryAcquireOrRenew(client, opts, duration)) lastRenew = Date.now();
+        if (left > 0 && await elector.tryAcquireOrRenew(bounded(stop.signal, left))) lastRenew = elector.renewedAt;
+        else if (elector.holder && elector.holder !== opts.identity) {
+          opts.log.error("leadership lost: another holder took the lease", {
+            lease: opts.name,
+            holder: elector.holder,
+          });
+          lost.abort();
+          return;
+        }
       } catch (e) {
+        if (stop.signal.aborted) return;
         opts.log.warn("lease renewal failed", { error: String(e) });
       }
-      if (Date.now() - lastRenew > deadline) {
+      if (performance.now() - lastRenew >= t.deadline) {
         opts.log.error("leadership lost: could not renew the lease in time", { lease: opts.name });
         lost.abort();
         return;
@@ -87,55 +118,101 @@ function hold(client: KubeClient, opts: LeaderOptions, duration: number, retry: 
       stop.abort();
       await loop;
       if (lost.signal.aborted) return;
-      const lease = await client.find<CoordinationLease>(COORDINATION_LEASES, opts.namespace, opts.name);
-      if (lease?.spec.holderIdentity !== opts.identity) return;
-      await client.replace(COORDINATION_LEASES, {
-        ...lease,
-        spec: { ...lease.spec, holderIdentity: "", leaseDurationSeconds: 1 },
-      }).catch((e) => opts.log.warn("could not release the lease", { error: String(e) }));
+      await elector.release(AbortSignal.timeout(t.deadline))
+        .catch((e) => opts.log.warn("could not release the lease", { error: String(e) }));
     },
   };
 }
 
-async function tryAcquireOrRenew(client: KubeClient, opts: LeaderOptions, durationMs: number): Promise<boolean> {
-  const now = new Date();
-  const mine = {
-    holderIdentity: opts.identity,
-    leaseDurationSeconds: Math.round(durationMs / 1000),
-    renewTime: micro(now),
-  };
-  let lease: CoordinationLease | undefined;
-  try {
-    lease = await client.get<CoordinationLease>(COORDINATION_LEASES, opts.namespace, opts.name);
-  } catch (e) {
-    if (!isNotFound(e)) throw e;
-  }
-  try {
-    if (!lease) {
-      await client.create<CoordinationLease>(COORDINATION_LEASES, {
-        metadata: { name: opts.name, namespace: opts.namespace },
-        spec: { ...mine, acquireTime: micro(now), leaseTransitions: 0 },
-      });
+/** One contender's view of the Lease. */
+class Elector {
+  /** The holder seen on the last read ("" when released, undefined before the first read). */
+  holder: string | undefined;
+  /** When (performance.now()) the request behind our latest successful write was sent. */
+  renewedAt = 0;
+  private observed: { version: string; at: number } | undefined;
+
+  constructor(
+    private readonly client: KubeClient,
+    private readonly opts: LeaderOptions,
+    private readonly durationMs: number,
+  ) {}
+
+  async tryAcquireOrRenew(signal: AbortSignal): Promise<boolean> {
+    const { client, opts } = this;
+    const sent = performance.now();
+    const now = new Date();
+    const mine = {
+      holderIdentity: opts.identity,
+      leaseDurationSeconds: Math.ceil(this.durationMs / 1000),
+      renewTime: micro(now),
+    };
+    const lease = await client.find<CoordinationLease>(COORDINATION_LEASES, opts.namespace, opts.name, signal);
+    try {
+      if (!lease) {
+        this.observe(
+          await client.create<CoordinationLease>(COORDINATION_LEASES, {
+            metadata: { name: opts.name, namespace: opts.namespace },
+            spec: { ...mine, acquireTime: micro(now), leaseTransitions: 0 },
+          }, signal),
+        );
+        this.renewedAt = sent;
+        return true;
+      }
+      this.observe(lease);
+      const s = lease.spec;
+      if (s.holderIdentity && s.holderIdentity !== opts.identity) {
+        const unchangedFor = performance.now() - this.observed!.at;
+        if (unchangedFor < (s.leaseDurationSeconds ?? 0) * 1000) return false;
+      }
+      const takeover = s.holderIdentity !== opts.identity;
+      this.observe(
+        await client.replace<CoordinationLease>(
+          COORDINATION_LEASES,
+          {
+            ...lease,
+            spec: {
+              ...s,
+              ...mine,
+              ...(takeover ? { acquireTime: micro(now), leaseTransitions: (s.leaseTransitions ?? 0) + 1 } : {}),
+            },
+          },
+          undefined,
+          signal,
+        ),
+      );
+      this.renewedAt = sent;
       return true;
+    } catch (e) {
+      if (isConflict(e)) return false; // someone else wrote first; the next read shows who
+      throw e;
     }
-    const s = lease.spec;
-    const held = s.holderIdentity && s.holderIdentity !== opts.identity;
-    const expiresAt = Date.parse(s.renewTime ?? "") + (s.leaseDurationSeconds ?? 0) * 1000;
-    if (held && expiresAt > now.getTime()) return false;
-    const takeover = s.holderIdentity !== opts.identity;
-    await client.replace(COORDINATION_LEASES, {
-      ...lease,
-      spec: {
-        ...s,
-        ...mine,
-        ...(takeover ? { acquireTime: micro(now), leaseTransitions: (s.leaseTransitions ?? 0) + 1 } : {}),
-      },
-    });
-    return true;
-  } catch (e) {
-    if (isConflict(e)) return false; // someone else wrote first
-    throw e;
   }
+
+  async release(signal: AbortSignal): Promise<void> {
+    const { client, opts } = this;
+    const lease = await client.find<CoordinationLease>(COORDINATION_LEASES, opts.namespace, opts.name, signal);
+    if (lease?.spec.holderIdentity !== opts.identity) return;
+    await client.replace(
+      COORDINATION_LEASES,
+      {
+        ...lease,
+        spec: { ...lease.spec, holderIdentity: "", leaseDurationSeconds: 1 },
+      },
+      undefined,
+      signal,
+    );
+  }
+
+  private observe(lease: CoordinationLease): void {
+    this.holder = lease.spec.holderIdentity ?? "";
+    const version = lease.metadata.resourceVersion ?? "";
+    if (this.observed?.version !== version) this.observed = { version, at: performance.now() };
+  }
+}
+
+function bounded(signal: AbortSignal, ms: number): AbortSignal {
+  return AbortSignal.any([signal, AbortSignal.timeout(Math.max(0, ms))]);
 }
 
 /** MicroTime as the API server expects it. */

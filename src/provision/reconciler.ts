@@ -66,6 +66,8 @@ export interface AppliedState {
   at: number;
   ready: boolean;
   exited: boolean;
+  /** Jumpstarter's offline report (see offlineMarker) as it stood when this apply ran. */
+  offline?: string;
 }
 
 const split = (key: string) => {
@@ -161,7 +163,7 @@ export async function reconcile(ctx: Context, key: string): Promise<Outcome> {
       } catch (err) {
         const p = { reason: problemReason(err), message: `${e.metadata.name}: ${errorText(err)}` };
         problems.push(p);
-        ctx.recorder.event(e, "Warning", "DeployFailed", p.message);
+        ctx.recorder.event(e, "Warning", p.reason, p.message);
         log.warn("deploy failed", { exporter: e.metadata.name, error: errorText(err) });
         return undefined;
       }
@@ -213,7 +215,7 @@ export async function reconcile(ctx: Context, key: string): Promise<Outcome> {
       name: v.name,
       enabled: v.enabled && !p.drain.includes(v.name),
       leased: v.leased,
-      ready: states.get(e.metadata.uid!)?.ready ?? false,
+      ready: lastKnown(ctx, states, e.metadata.uid!)?.ready ?? false,
       online: online ? online.status === "True" : undefined,
     };
   });
@@ -232,6 +234,14 @@ export async function reconcile(ctx: Context, key: string): Promise<Outcome> {
   );
   const retry = problems.length ? 30_000 : ctx.resyncMs;
   return { requeueAfterMs: Math.min(retry, p.requeueAfterMs ?? Infinity) };
+}
+
+/**
+ * The state of an instance as this reconcile found it; when it could not even try (the parameters or credentials are
+ * broken), as the last apply found it: those instances keep running with their last good configuration.
+ */
+function lastKnown(ctx: Context, states: Map<string, AppliedState | undefined>, uid: string) {
+  return states.has(uid) ? states.get(uid) : ctx.applied.get(uid);
 }
 
 // ---------------------------------------------------------------- deploy
@@ -253,7 +263,9 @@ async function deploy(
     await ctx.hosts.remove(parseTarget(previous, target), name);
     ctx.applied.delete(e.metadata.uid!);
   }
-  if (previous !== where) await annotate(ctx, e, { [HOST_ANNOTATION]: target.host, [TARGET_ANNOTATION]: where });
+  // The target is recorded before anything reaches the host, so that teardown finds a half-done deploy; the host
+  // annotation (what people read) only once the instance is really there.
+  if (previous !== where) await annotate(ctx, e, { [TARGET_ANNOTATION]: where, [HOST_ANNOTATION]: null });
 
   const token = decodeSecretValue(ctx.caches.secrets.get(ns, e.status!.credential!.name), "token");
   if (!token) throw new Error(`Secret ${ns}/${e.status!.credential!.name} has no token yet`);
@@ -273,7 +285,8 @@ async function deploy(
   const hash = createHash("sha256").update(JSON.stringify(rendered)).update(JSON.stringify(target)).digest("hex");
   const last = ctx.applied.get(e.metadata.uid!);
   const now = ctx.now().getTime();
-  if (last && last.hash === hash && last.ready && now - last.at < ctx.resyncMs) return last;
+  const offline = offlineMarker(e);
+  if (last && stillApplied(last, hash, offline, now - last.at < ctx.resyncMs)) return last;
 
   const started = performance.now();
   const report = await ctx.hosts.apply(target, rendered, {
@@ -292,9 +305,30 @@ async function deploy(
   } else if (report.changed.length) {
     ctx.recorder.event(e, "Normal", "Updated", `updated on ${target.host}: ${report.changed.join(", ")}`);
   }
-  const state = { hash, at: now, ready: report.ready, exited: report.exited };
+  const state: AppliedState = { hash, at: now, ready: report.ready, exited: report.exited, offline };
   ctx.applied.set(e.metadata.uid!, state);
+  if (e.metadata.annotations?.[HOST_ANNOTATION] !== target.host || previous !== where) {
+    await annotate(ctx, e, { [HOST_ANNOTATION]: target.host });
+  }
   return state;
+}
+
+/**
+ * Whether the last apply still describes the host, so this reconcile need not send anything: same content, found
+ * healthy, recent, and Jumpstarter has not reported the exporter gone since. That report is the prompt sign of an
+ * exporter that exited after its lease (ExitAndReplace) or crashed; it is acted on once per report, so an exporter
+ * that stays offline for other reasons (it cannot reach Jumpstarter) is not re-applied on every event.
+ */
+function stillApplied(last: AppliedState, hash: string, offline: string | undefined, recent: boolean): boolean {
+  return last.hash === hash && last.ready && recent && (offline === undefined || offline === last.offline);
+}
+
+/** Jumpstarter's current "offline" report on the Exporter, as a value that changes with each new report. */
+function offlineMarker(e: Exporter): string | undefined {
+  const online = e.status?.conditions?.find((c) => c.type === "Online");
+  if (online?.status === "False") return `Online=False@${online.lastTransitionTime ?? ""}`;
+  if (e.status?.exporterStatus === "Offline") return `Offline@${e.status.lastSeen ?? ""}`;
+  return undefined;
 }
 
 class DeployError extends Error {
@@ -342,19 +376,10 @@ async function finalize(
   if (!e.metadata.finalizers?.includes(FINALIZER)) return undefined;
   const where = e.metadata.annotations?.[TARGET_ANNOTATION];
   if (where) {
-    if (!target) {
-      return {
-        reason: "TeardownBlocked",
-        message: `cannot tear down ${e.metadata.name} on ${where}: the class's SSH credentials are unusable; fix ` +
-          "them (the instance stays until then)",
-      };
-    }
-    try {
-      await ctx.hosts.remove(parseTarget(where, target), e.metadata.name!);
-    } catch (err) {
-      const message = `teardown of ${e.metadata.name} on ${where} failed, will retry: ${errorText(err)}`;
-      ctx.recorder.event(e, "Warning", "TeardownFailed", message);
-      return { reason: "TeardownFailed", message };
+    const problem = await removeInstance(ctx, e, where, target);
+    if (problem) {
+      ctx.recorder.event(e, "Warning", problem.reason, problem.message);
+      return problem;
     }
   }
   ctx.applied.delete(e.metadata.uid!);
@@ -372,20 +397,46 @@ async function finalize(
 
 type KubeObjectLike = ExporterSet | Exporter;
 
+/** Removes the Exporter's instance from the host it was deployed to; a problem if that cannot be done now. */
+async function removeInstance(
+  ctx: Context,
+  e: Exporter,
+  where: string,
+  target: LabTarget | undefined,
+): Promise<Problem | undefined> {
+  if (!target) {
+    return {
+      reason: "TeardownBlocked",
+      message: `cannot tear down ${e.metadata.name} on ${where}: no usable SSH credentials for it (see the ` +
+        "VirtualTargetClass and its credentials Secret); the Exporter stays until the instance is removed",
+    };
+  }
+  try {
+    await ctx.hosts.remove(parseTarget(where, target), e.metadata.name!);
+    return undefined;
+  } catch (err) {
+    return {
+      reason: "TeardownFailed",
+      message: `teardown of ${e.metadata.name} on ${where} failed, will retry: ${errorText(err)}`,
+    };
+  }
+}
+
 /**
  * The set is gone (the garbage collector may not be running, or not yet): delete its Exporters and tear down their
  * instances with the credentials of the class they were deployed with, if it is still there.
  */
 async function orphaned(ctx: Context, ns: string, owned: Exporter[]): Promise<Outcome> {
+  let blocked = false;
   for (const e of owned) {
     if (!e.metadata.deletionTimestamp) {
       await ctx.client.delete(EXPORTERS, ns, e.metadata.name!);
       continue;
     }
-    const target = lastTarget(ctx, e);
-    const p = await finalize(ctx, e, e, target);
-    if (p) return { requeueAfterMs: 30_000 };
+    // one unreachable host must not keep the instances on the others
+    if (await finalize(ctx, e, e, lastTarget(ctx, e))) blocked = true;
   }
+  if (blocked) return { requeueAfterMs: 30_000 };
   return owned.length ? { requeueAfterMs: 1_000 } : {};
 }
 
@@ -467,7 +518,8 @@ async function setEnabled(ctx: Context, set: ExporterSet, ns: string, name: stri
   );
 }
 
-async function annotate(ctx: Context, e: Exporter, annotations: Record<string, string>) {
+/** Sets annotations on an Exporter; null removes one. */
+async function annotate(ctx: Context, e: Exporter, annotations: Record<string, string | null>): Promise<void> {
   await ctx.client.mergePatch(EXPORTERS, e.metadata.namespace, e.metadata.name!, { metadata: { annotations } });
 }
 

@@ -3,10 +3,11 @@
  * /dev/kvm, and stand-in images that a hand-written runtime/exporter quadlet pair can run side by side.
  * Needs root (network namespaces, bridge, systemd-nspawn); it is skipped otherwise.
  */
+import { privateLabNet } from "../env.ts";
 import assert from "node:assert/strict";
 import { type ExecResult, hostExec, type LabHost, type LabNet, startLabHosts, stopLabHosts } from "./labhost.ts";
 
-const net: LabNet = { dir: "/tmp/qsp-test-lab", bridge: "qsplab1", subnet: "10.78.0" };
+const net: LabNet = await privateLabNet(1);
 const isRoot = Deno.uid() === 0;
 
 async function sh(host: LabHost, command: string): Promise<string> {

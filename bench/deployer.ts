@@ -1,0 +1,84 @@
+/**
+ * The host-side deployers compared in the bench (ours in process, Ansible, a naive one-connection-per-command one):
+ * one interface, one way to time them, and the plain file/directory/unit layout of an instance that the
+ * non-provisioner deployers put in place by their own means.
+ */
+import { configMountDir, type RenderedInstance } from "../src/host/render.ts";
+import type { Placement } from "./fleet.ts";
+import type { HostProbe } from "./hosts.ts";
+
+export interface SshCounts {
+  /** Commands run over SSH (sessions / exec requests), each one round trip at least. */
+  sshRoundTrips: number;
+  /** SSH connections (TCP + handshake + auth) opened. */
+  sshConnections: number;
+}
+
+export interface PhaseResult extends SshCounts {
+  seconds: number;
+}
+
+export interface Deployer {
+  name: string;
+  deploy(p: Placement): Promise<SshCounts>;
+  teardown(p: Placement): Promise<SshCounts>;
+}
+
+export interface DeployerResult {
+  deployer: string;
+  deploy: PhaseResult;
+  teardown: PhaseResult;
+}
+
+/** Times deploy and teardown from clean hosts; checks (untimed) that the files and units are right, then gone. */
+export async function measure(d: Deployer, p: Placement, probe: HostProbe): Promise<DeployerResult> {
+  const timed = async (phase: () => Promise<SshCounts>): Promise<PhaseResult> => {
+    const t0 = performance.now();
+    const counts = await phase();
+    return { seconds: (performance.now() - t0) / 1000, ...counts };
+  };
+  const deploy = await timed(() => d.deploy(p));
+  await probe.assertDeployed(p, d.name);
+  const teardown = await timed(() => d.teardown(p));
+  await probe.assertClean(p.map((x) => x.host), `${d.name} teardown`);
+  return { deployer: d.name, deploy, teardown };
+}
+
+/** One instance as plain filesystem and systemd work, in the order a person would do it. */
+export interface Layout {
+  /** Directories to create, with their modes (the config's directories are private: it holds the token). */
+  dirs: { path: string; mode: string }[];
+  files: { path: string; content: string; mode: string }[];
+  /** Hard links to files (the config's top-level name). */
+  links: { src: string; dest: string }[];
+  volume: string;
+  /** Start order: runtime, then exporter. */
+  units: string[];
+  /** Everything teardown deletes (files, links, the instance's config directory). */
+  remove: string[];
+}
+
+const octal = (mode: number) => `0${mode.toString(8)}`;
+const dirOf = (p: string) => p.slice(0, p.lastIndexOf("/"));
+
+export function layout(r: RenderedInstance): Layout {
+  const dirs = new Map<string, string>();
+  for (const f of r.files) {
+    for (const p of [f.path, ...f.links]) {
+      if (f.secret || !dirs.has(dirOf(p))) dirs.set(dirOf(p), f.secret ? "0700" : "0755");
+    }
+  }
+  const links = r.files.flatMap((f) => f.links.map((dest) => ({ src: f.path, dest })));
+  return {
+    dirs: [...dirs].map(([path, mode]) => ({ path, mode })),
+    files: r.files.map((f) => ({ path: f.path, content: f.content, mode: octal(f.mode) })),
+    links,
+    volume: r.volume,
+    units: [r.units.runtime, r.units.exporter],
+    remove: [
+      ...r.files.filter((f) => !f.secret).map((f) => f.path),
+      ...links.map((l) => l.dest),
+      configMountDir(r.name),
+    ],
+  };
+}

@@ -1,0 +1,56 @@
+/**
+ * A naive deployer shaped like the upstream Go provisioner's weak point: a fresh SSH connection (the system ssh
+ * client, strict host key checking) for every command, about ten sequential commands per instance. Hosts are worked
+ * on in parallel and the instances of one host one after the other (one reconcile per ExporterSet at a time), which
+ * is kinder than upstream's single reconcile worker.
+ */
+import { Buffer } from "node:buffer";
+import { hostExec, type LabHost } from "../test/labhost/labhost.ts";
+import { shQuote as q } from "../src/host/remote.ts";
+import { type Deployer, type Layout, layout, type SshCounts } from "./deployer.ts";
+import type { Placement } from "./fleet.ts";
+
+export function deployCommands(l: Layout): string[] {
+  const b64 = (s: string) => Buffer.from(s, "utf8").toString("base64");
+  return [
+    `mkdir -p ${l.dirs.map((d) => q(d.path)).join(" ")} && ${
+      l.dirs.map((d) => `chmod ${d.mode} ${q(d.path)}`).join(" && ")
+    }`,
+    ...l.files.map((f) =>
+      `umask 077 && printf %s ${q(b64(f.content))} | base64 -d >${q(f.path)} && chmod ${f.mode} ${q(f.path)}`
+    ),
+    ...l.links.map((k) => `ln -f ${q(k.src)} ${q(k.dest)}`),
+    `podman volume create --ignore ${q(l.volume)}`,
+    "systemctl daemon-reload",
+    ...l.units.map((u) => `systemctl start ${q(u)}`),
+    `systemctl is-active ${l.units.map(q).join(" ")}`,
+  ];
+}
+
+export function teardownCommands(l: Layout): string[] {
+  return [
+    ...[...l.units].reverse().map((u) => `systemctl stop ${q(u)}`),
+    `rm -rf ${l.remove.map(q).join(" ")}`,
+    `podman volume rm -f ${q(l.volume)}`,
+    "systemctl daemon-reload",
+  ];
+}
+
+async function runAll(p: Placement, commands: (l: Layout) => string[]): Promise<SshCounts> {
+  let n = 0;
+  const run = async (host: LabHost, cmd: string) => {
+    n++;
+    const r = await hostExec(host, cmd);
+    if (r.code !== 0) throw new Error(`naive on ${host.name}: \`${cmd.slice(0, 60)}\` exit ${r.code}: ${r.stderr}`);
+  };
+  await Promise.all(p.map(async ({ host, instances }) => {
+    for (const r of instances) for (const cmd of commands(layout(r))) await run(host, cmd);
+  }));
+  return { sshRoundTrips: n, sshConnections: n };
+}
+
+export const naiveDeployer: Deployer = {
+  name: "naive: new ssh connection per command",
+  deploy: (p) => runAll(p, deployCommands),
+  teardown: (p) => runAll(p, teardownCommands),
+};

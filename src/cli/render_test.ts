@@ -1,0 +1,179 @@
+import assert from "node:assert/strict";
+import { parse } from "yaml";
+import { type Manifest, PLACEHOLDER_UID, renderCommand, renderManifests } from "./render.ts";
+
+const example = (file: string) => new URL(`../../manifests/examples/${file}`, import.meta.url).pathname;
+const CLASS = example("virtualtargetclass.yaml");
+const SET = example("exporterset.yaml");
+const seed = async (): Promise<Manifest[]> =>
+  await Promise.all([CLASS, SET].map(async (path) => ({ path, text: await Deno.readTextFile(path) })));
+
+async function render(args: string[]) {
+  const out: string[] = [];
+  const err: string[] = [];
+  const code = await renderCommand(args, { out: (t) => out.push(t), err: (t) => err.push(t) });
+  return { code, out: out.join("\n"), err: err.join("\n") };
+}
+
+/** The `==> PATH (...) <==` blocks of the output, by path. */
+function files(text: string): Map<string, { header: string; content: string }> {
+  const blocks = new Map<string, { header: string; content: string }>();
+  for (const part of text.split(/\n\n(?===> )/).slice(1)) {
+    const [header, ...content] = part.split("\n");
+    blocks.set(/^==> (\S+) /.exec(header)![1], { header, content: content.join("\n") });
+  }
+  return blocks;
+}
+
+Deno.test("render: the seed's class and set print the config and both quadlets with their paths, host and units", async () => {
+  const r = await render(["--class", CLASS, "--set", SET, "--endpoint", "grpc.jumpstarter.example.com:443"]);
+  assert.equal(r.code, 0, r.err);
+  assert.equal(r.err, "");
+  const name = "aarch64-ssh-pool-xxxxx";
+  assert.match(r.out, /^# ExporterSet jumpstarter\/aarch64-ssh-pool \(VirtualTargetClass qemu-ssh-aarch64\)/);
+  assert.match(r.out, /\n# host: +root@lab-host-01\.example\.com:22\n/);
+  assert.match(r.out, new RegExp(`\n# volume: +jumpstarter-${name}-shared\n`));
+  assert.match(r.out, new RegExp(`\n# units: +${name}-runtime\\.service ${name}-exporter\\.service\n`));
+
+  const blocks = files(r.out);
+  assert.deepEqual([...blocks.keys()], [
+    `/etc/jumpstarter/exporters/${name}.d/${name}.yaml`,
+    `/etc/containers/systemd/${name}-runtime.container`,
+    `/etc/containers/systemd/${name}-exporter.container`,
+  ]);
+  const [config, runtime, exporter] = blocks.values();
+  assert.match(config.header, new RegExp(`mode 0600, linked as /etc/jumpstarter/exporters/${name}\\.yaml\\)`));
+  assert.match(runtime.header, /\(mode 0644\) <==$/);
+  assert.deepEqual(parse(config.content), {
+    apiVersion: "jumpstarter.dev/v1alpha1",
+    kind: "ExporterConfig",
+    metadata: { namespace: "jumpstarter", name },
+    endpoint: "grpc.jumpstarter.example.com:443",
+    token: "<redacted>",
+    tls: { ca: "", insecure: false },
+    exitOnLeaseEnd: true,
+    export: {
+      qemu: {
+        type: "jumpstarter_driver_qemu.driver.Qemu",
+        config: {
+          arch: "aarch64",
+          smp: 4,
+          mem: "4G",
+          disk_size: "16G",
+          hostfwd: { ssh: { protocol: "tcp", hostaddr: "127.0.0.1", hostport: 2222, guestport: 22 } },
+          launcher_socket: "/shared/launcher.sock",
+        },
+      },
+      tcp: { type: "jumpstarter_driver_network.driver.TcpNetwork", config: { host: "127.0.0.1", port: 2222 } },
+    },
+  });
+  assert.ok(config.content.includes(`exporter=${name} uid=${PLACEHOLDER_UID}`), "the ownership line is printed too");
+  for (const line of ["Image=quay.io/jumpstarter-dev/virtual/qemu-runtime:latest", "AddDevice=-/dev/kvm"]) {
+    assert.ok(runtime.content.split("\n").includes(line), `runtime quadlet lacks ${line}`);
+  }
+  for (
+    const line of [
+      "Image=quay.io/jumpstarter-dev/jumpstarter:latest",
+      `Network=${name}-runtime.container`,
+      `Exec=jmp run --exporter-config /etc/jumpstarter/exporters/${name}.yaml`,
+      "Restart=on-failure",
+    ]
+  ) {
+    assert.ok(exporter.content.split("\n").includes(line), `exporter quadlet lacks ${line}`);
+  }
+  assert.ok(exporter.content.endsWith("WantedBy=multi-user.target"), "each file is printed whole");
+});
+
+Deno.test("render -f: one multi-document file renders the same; --exporter names the instance", async () => {
+  const [cls, set] = await seed();
+  const both = renderManifests([{ path: "all.yaml", text: `${cls.text}---\n${set.text}` }]);
+  const apart = renderManifests(await seed());
+  assert.ok(both.ok && apart.ok);
+  assert.equal(both.text, apart.text);
+
+  const named = renderManifests(await seed(), { exporter: "board-7" });
+  assert.ok(named.ok);
+  assert.match(named.text, /\n==> \/etc\/containers\/systemd\/board-7-runtime\.container /);
+  assert.match(named.text, /\nendpoint: <endpoint>\n/, "the endpoint is a placeholder unless given");
+});
+
+Deno.test("render: the token is only ever shown redacted", async () => {
+  const r = renderManifests(await seed());
+  assert.ok(r.ok);
+  const tokens = r.text.split("\n").filter((l) => /token/i.test(l));
+  assert.deepEqual(tokens.filter((l) => !l.startsWith("#")), ["token: <redacted>"]);
+});
+
+Deno.test("render: parameter errors are printed one per line with object, field and fix, exit 1", async () => {
+  const [cls, set] = await seed();
+  const dir = await Deno.makeTempDir();
+  try {
+    const path = `${dir}/all.yaml`;
+    const badClass = cls.text.replace("    host:\n      name: lab-host-01.example.com\n", "");
+    const badSet = set.text.replace(
+      "  minReplicas: 0\n",
+      '  minReplicas: 0\n  parameters:\n    resources:\n      cpu: "4"\n',
+    );
+    assert.notEqual(badClass, cls.text);
+    assert.notEqual(badSet, set.text);
+    await Deno.writeTextFile(path, `${badClass}---\n${badSet}`);
+    const r = await render(["-f", path]);
+    assert.equal(r.code, 1);
+    assert.equal(r.out, "", "nothing is rendered");
+    assert.deepEqual(r.err.split("\n"), [
+      "VirtualTargetClass qemu-ssh-aarch64: spec.parameters.host.name: missing: set parameters.host.name (the lab " +
+      "host's DNS name or IP address) on the VirtualTargetClass qemu-ssh-aarch64 or on the ExporterSet aarch64-ssh-pool",
+      'ExporterSet aarch64-ssh-pool: spec.parameters.resources.cpu: expected an integer, got the string "4": write 4 ' +
+      "without quotes",
+    ]);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("render: manifests that cannot be rendered say why", async () => {
+  const [cls, set] = await seed();
+  const errors = (manifests: Manifest[], opts = {}) => {
+    const r = renderManifests(manifests, opts);
+    assert.ok(!r.ok);
+    return r.errors;
+  };
+  assert.deepEqual(errors([set]), [
+    "ExporterSet aarch64-ssh-pool: spec.virtualTargetClassName: no VirtualTargetClass jumpstarter/qemu-ssh-aarch64 " +
+    "in the files (they have none): add its manifest",
+  ]);
+  assert.deepEqual(errors([cls]), [`no ExporterSet in ${CLASS}: give the set's manifest too`]);
+  const other = {
+    path: "c.yaml",
+    text: cls.text.replace("provisioner: qemu-ssh.jumpstarter.dev", "provisioner: qemu.jumpstarter.dev"),
+  };
+  assert.match(
+    errors([other, set])[0],
+    /^VirtualTargetClass qemu-ssh-aarch64: spec\.provisioner: "qemu\.jumpstarter\.dev"/,
+  );
+  assert.match(errors([{ path: "bad.yaml", text: "kind: [unclosed" }])[0], /^bad\.yaml: document 1: /);
+  assert.match(
+    errors([cls, set], { exporter: "Not_A_Name" })[0],
+    /^ExporterSet aarch64-ssh-pool: refusing to render: exporter name "Not_A_Name"/,
+  );
+  const second = { path: "s2.yaml", text: set.text.replace("name: aarch64-ssh-pool", "name: second-pool") };
+  assert.match(
+    errors([cls, set, second], { exporter: "x" })[0],
+    /^--exporter names one Exporter, but .* 2 ExporterSets/,
+  );
+});
+
+Deno.test("render: usage errors exit 2 with the usage and no stack trace; --help exits 0", async () => {
+  for (const args of [[], ["--bogus"], ["--class"], ["-f", SET, "extra"]]) {
+    const r = await render(args);
+    assert.equal(r.code, 2, `${args}`);
+    assert.match(r.err, /^error: .*\n\nusage: qemu-ssh-provisioner render /);
+    assert.doesNotMatch(r.err, /\n +at /);
+  }
+  const help = await render(["--help"]);
+  assert.equal(help.code, 0);
+  assert.match(help.out, /^usage: qemu-ssh-provisioner render --class CLASS\.yaml --set SET\.yaml/);
+  const missing = await render(["-f", "/nonexistent/set.yaml"]);
+  assert.equal(missing.code, 1);
+  assert.match(missing.err, /^\/nonexistent\/set\.yaml: cannot read: /);
+});

@@ -1,0 +1,228 @@
+/**
+ * The world of the end-to-end scenarios (test/e2e_*_test.ts): a fresh namespace on the shared control plane, the real
+ * controller in this process scoped to it, the FakeJumpstarterController issuing credentials, and helpers that look
+ * at the lab hosts the way a person would (systemctl, podman, journalctl over the system ssh client).
+ */
+import { Buffer } from "node:buffer";
+import { freshNamespace, seedExample, testEnv, waitFor } from "./env.ts";
+import { type FakeJumpstarter, startFakeJumpstarter } from "./fake_jumpstarter.ts";
+import { hostExec, type LabHost } from "./labhost/labhost.ts";
+import { KubeClient } from "../src/kube/client.ts";
+import { EVENTS, EXPORTER_SETS, EXPORTERS, SECRETS, VIRTUAL_TARGET_CLASSES } from "../src/kube/resources.ts";
+import type { Exporter, ExporterSet, KubeObject, Secret, VirtualTargetClass } from "../src/api/types.ts";
+import { SshPool, type SshPoolOptions } from "../src/host/ssh.ts";
+import { LabHosts } from "../src/host/lab.ts";
+import { Controller } from "../src/provision/controller.ts";
+import { HOST_ANNOTATION, pinHostKey } from "../src/provision/reconciler.ts";
+import type { LabTarget } from "../src/provision/credentials.ts";
+import { createLogger } from "../src/observe/log.ts";
+
+export const SEED_HOST = "lab-host-01.example.com";
+/** A second lab host name, resolved through the (mutable) alias table to the second lab host. */
+export const SECOND_HOST = "lab-host-02.example.com";
+export const SET = "aarch64-ssh-pool";
+export const CLASS = "qemu-ssh-aarch64";
+
+export interface World {
+  client: KubeClient;
+  ns: string;
+  /** The lab host behind SEED_HOST. */
+  host: LabHost;
+  /** The other lab host (behind SECOND_HOST). */
+  host2: LabHost;
+  controller: Controller;
+  hosts: LabHosts;
+  pool: SshPool;
+  fake: FakeJumpstarter;
+  /** Host name -> address, read on every SSH command: tests may repoint a name. */
+  aliases: Record<string, string>;
+  stop(): Promise<void>;
+}
+
+export interface WorldOptions {
+  resyncMs?: number;
+  concurrency?: number;
+  pool?: SshPoolOptions;
+}
+
+export async function world(opts: WorldOptions = {}): Promise<World> {
+  const env = await testEnv();
+  const client = await KubeClient.load(env.kubeconfig);
+  const ns = await freshNamespace(client, "e2e");
+  const [host, host2] = env.labhosts;
+  const fake = startFakeJumpstarter(client, ns);
+  const pool = new SshPool({
+    ...opts.pool,
+    onHostKeyAccepted: (t, line) => pinHostKey(client, t as LabTarget, line),
+  });
+  const aliases: Record<string, string> = { [SEED_HOST]: host.address, [SECOND_HOST]: host2.address };
+  const hosts = new LabHosts(pool, { hostAliases: aliases });
+  const controller = new Controller({
+    client,
+    hosts,
+    log: createLogger({ level: Deno.env.get("QSP_TEST_LOG") ? "debug" : "error" }),
+    provisioner: "qemu-ssh.jumpstarter.dev",
+    namespace: ns,
+    resyncMs: opts.resyncMs ?? 60_000,
+    sweepMs: 3_600_000,
+    concurrency: opts.concurrency,
+  });
+  await controller.start();
+  return {
+    client,
+    ns,
+    host,
+    host2,
+    controller,
+    hosts,
+    pool,
+    fake,
+    aliases,
+    async stop() {
+      await controller.stop();
+      await fake.stop();
+      await pool.close();
+      client.close();
+    },
+  };
+}
+
+/** Step 2 of the seed: `kubectl create secret generic lab-ssh-key --from-file=ssh-privatekey=...`, plus extra keys. */
+export async function createKeySecret(w: World, extra: Record<string, string> = {}): Promise<void> {
+  const key = await Deno.readTextFile(w.host.privateKeyPath);
+  const data: Record<string, string> = { "ssh-privatekey": b64(key) };
+  for (const [k, v] of Object.entries(extra)) data[k] = b64(v);
+  await w.client.create<Secret>(SECRETS, { metadata: { name: "lab-ssh-key", namespace: w.ns }, type: "Opaque", data });
+}
+
+export async function createClass(w: World, edit: (c: VirtualTargetClass) => void = () => {}): Promise<void> {
+  const cls = await seedExample("virtualtargetclass.yaml", w.ns) as VirtualTargetClass;
+  edit(cls);
+  await w.client.create(VIRTUAL_TARGET_CLASSES, cls as KubeObject);
+}
+
+export async function createSet(
+  w: World,
+  edit: (s: ExporterSet) => void = () => {},
+): Promise<ExporterSet> {
+  const set = await seedExample("exporterset.yaml", w.ns) as ExporterSet;
+  edit(set);
+  return await w.client.create(EXPORTER_SETS, set as KubeObject) as ExporterSet;
+}
+
+/** Steps 2 to 4 of the seed, as written, with an optional edit of the ExporterSet. */
+export async function applySeed(w: World, setOverride: (s: ExporterSet) => void = () => {}): Promise<void> {
+  await createKeySecret(w);
+  await createClass(w);
+  await createSet(w, setOverride);
+}
+
+export const b64 = (s: string): string => Buffer.from(s).toString("base64");
+export const unb64 = (s: string): string => Buffer.from(s, "base64").toString("utf8");
+
+export const exporters = async (w: World): Promise<Exporter[]> =>
+  (await w.client.list<Exporter>(EXPORTERS, w.ns)).items;
+export const getSet = (w: World, name = SET): Promise<ExporterSet> =>
+  w.client.get<ExporterSet>(EXPORTER_SETS, w.ns, name);
+export const cond = (s: ExporterSet, type: string) => s.status?.conditions?.find((c) => c.type === type);
+export const ownedBy = (e: Exporter, set: string): boolean => e.metadata.ownerReferences?.[0]?.name === set;
+
+export interface KubeEvent extends KubeObject {
+  type: string;
+  reason: string;
+  message: string;
+  count?: number;
+  involvedObject: { kind: string; name: string };
+}
+
+export const events = async (w: World): Promise<KubeEvent[]> => (await w.client.list<KubeEvent>(EVENTS, w.ns)).items;
+
+/** Waits until the set has `n` exporters, each deployed and Available in the set's status. */
+export async function waitReady(w: World, n: number, set = SET, timeoutMs = 90_000): Promise<Exporter[]> {
+  return await waitFor(async () => {
+    const s = await getSet(w, set);
+    const es = (await exporters(w)).filter((e) => ownedBy(e, set) && !e.metadata.deletionTimestamp);
+    return s.status?.readyReplicas === n && es.length === n &&
+        es.every((e) => e.metadata.annotations?.[HOST_ANNOTATION])
+      ? es
+      : undefined;
+  }, { what: `${set}: ${n} ready exporters`, timeoutMs });
+}
+
+/** The stand-in exporter's last report line, once it reached its runtime (launcher, tcp and kvm checked). */
+export async function waitStandinUp(host: LabHost, name: string, timeoutMs = 60_000): Promise<string> {
+  return await waitFor(async () => {
+    const line = (await journal(host, name)).split("\n").filter((l) => l.includes("standin-exporter: name=")).pop();
+    return line && /launcher=ok tcp=ok/.test(line) ? line : undefined;
+  }, { what: `the stand-in exporter ${name} to reach its runtime on ${host.name}`, timeoutMs });
+}
+
+export async function sh(host: LabHost, command: string): Promise<string> {
+  const r = await hostExec(host, command);
+  if (r.code !== 0) throw new Error(`${host.name}: ${command}: exit ${r.code}: ${r.stderr}`);
+  return r.stdout;
+}
+
+export const journal = (host: LabHost, name: string): Promise<string> =>
+  sh(host, `journalctl -o cat --no-pager -u ${name}-exporter.service || true`);
+
+/** `systemctl is-active` of both units, e.g. "active active". */
+export async function unitStates(host: LabHost, name: string): Promise<string> {
+  const r = await hostExec(host, `systemctl is-active ${name}-runtime.service ${name}-exporter.service`);
+  return r.stdout.trim().split("\n").join(" ");
+}
+
+/** Start time and PID of both containers: equal values mean neither was restarted. */
+export async function containerIdentity(host: LabHost, name: string): Promise<string> {
+  return (await sh(
+    host,
+    `podman inspect --format '{{.Name}} {{.State.StartedAt}} {{.State.Pid}}' ${name}-runtime ${name}-exporter`,
+  )).trim();
+}
+
+/** Whether any trace of the instance is on the host: files, containers, volume, units. */
+export async function hostHas(host: LabHost, name: string): Promise<boolean> {
+  const r = await hostExec(
+    host,
+    `ls /etc/containers/systemd/ /etc/jumpstarter/exporters/ 2>/dev/null | grep -c ${name} || true; ` +
+      `podman ps -a --format '{{.Names}}' | grep -c ${name} || true; ` +
+      `podman volume ls -q | grep -c ${name} || true; ` +
+      `systemctl list-units --all --no-legend '${name}-*' | grep -c . || true`,
+  );
+  return !r.stdout.trim().split("\n").every((n) => n.trim() === "0");
+}
+
+/** The host's own known_hosts lines, recorded under `name` instead of its address. */
+export async function knownHostsAs(host: LabHost, name: string): Promise<string> {
+  const lines = (await Deno.readTextFile(host.knownHostsPath)).split("\n");
+  return lines.filter((l) => l.startsWith(`${host.address} `)).map((l) => `${name}${l.slice(host.address.length)}`)
+    .join("\n") + "\n";
+}
+
+/**
+ * Pulls the lab host's network cable: its interface goes down in its network namespace, so packets to it vanish
+ * (connects fail, an open SSH connection hangs) until `plugIn`.
+ */
+export async function unplug(host: LabHost): Promise<void> {
+  await ipLink(host, "down");
+}
+
+export async function plugIn(host: LabHost): Promise<void> {
+  await ipLink(host, "up");
+}
+
+async function ipLink(host: LabHost, state: "up" | "down"): Promise<void> {
+  const netns = `${Deno.env.get("QSP_LAB_BRIDGE") ?? "qsplab1"}-${host.name}`;
+  const out = await new Deno.Command("ip", { args: ["-n", netns, "link", "set", "eth0", state], stderr: "piped" })
+    .output();
+  if (!out.success) throw new Error(`ip -n ${netns} link set eth0 ${state}: ${new TextDecoder().decode(out.stderr)}`);
+}
+
+/** Reconciles finished so far (successful or not). */
+export function reconciles(w: World): number {
+  const m = w.controller.metrics.reconcileTotal;
+  return m.get({ controller: "exporterset", result: "success" }) +
+    m.get({ controller: "exporterset", result: "error" });
+}
+
+export const seconds = (since: number): string => `${((performance.now() - since) / 1000).toFixed(1)}s`;
