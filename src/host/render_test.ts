@@ -1,40 +1,8 @@
 import assert from "node:assert/strict";
 import { Buffer } from "node:buffer";
 import { parse } from "yaml";
-import type { InstanceParams } from "../provision/params.ts";
-import { type Instance, renderInstance, unitValue } from "./render.ts";
-
-/** What the seed's VirtualTargetClass + ExporterSet resolve to (params_test.ts checks that). */
-const seedParams: InstanceParams = {
-  host: { name: "lab-host-01.example.com", user: "root", port: 22 },
-  runtime: { kvm: true, devices: [] },
-  arch: "aarch64",
-  cpu: 4,
-  memory: "4Gi",
-  storage: "16Gi",
-  images: {
-    exporter: { image: "quay.io/jumpstarter-dev/jumpstarter:latest", pullPolicy: "IfNotPresent" },
-    runtime: { image: "quay.io/jumpstarter-dev/virtual/qemu-runtime:latest", pullPolicy: "IfNotPresent" },
-  },
-};
-
-const PEM = "-----BEGIN CERTIFICATE-----\nMIIBszCCAVmgAwIBAgIUX\n-----END CERTIFICATE-----\n";
-
-function seedInstance(over: Partial<Instance> = {}): Instance {
-  return {
-    namespace: "jumpstarter",
-    name: "aarch64-ssh-pool-x7k2p",
-    uid: "0b7e6c1a-5f7d-4a8e-9c39-2f1d7e0a6b11",
-    setName: "aarch64-ssh-pool",
-    params: seedParams,
-    drivers: [{ name: "qemu", type: "jumpstarter_driver_qemu.driver.Qemu" }],
-    exitOnLeaseEnd: true,
-    endpoint: "grpc.jumpstarter.example.com:443",
-    token: "eyJhbGciOiJSUzI1NiJ9.payload.signature",
-    caBundle: PEM,
-    ...over,
-  };
-}
+import { renderInstance, unitValue } from "./render.ts";
+import { PEM, seedInstance, seedParams } from "../../test/fixtures.ts";
 
 const fileOf = (r: ReturnType<typeof renderInstance>, suffix: string) => {
   const f = r.files.find((f) => f.path.endsWith(suffix));
@@ -296,5 +264,16 @@ Deno.test("unitValue doubles % and refuses control characters", () => {
   assert.equal(unitValue("$(id) 'q' \"q\" \\"), "$(id) 'q' \"q\" \\");
   for (const bad of ["a\nb", "a\rb", "a\x00b", "a\tb", "a\x7fb"]) {
     assert.throws(() => unitValue(bad), /control character/);
+  }
+});
+
+Deno.test("golden: the seed's instance renders exactly testdata/seed/* (UPDATE_GOLDEN=1 rewrites them)", async () => {
+  const dir = new URL("./testdata/seed/", import.meta.url);
+  const update = Deno.env.get("UPDATE_GOLDEN") === "1";
+  if (update) await Deno.mkdir(dir, { recursive: true });
+  for (const f of renderInstance(seedInstance()).files) {
+    const golden = new URL(f.path.slice(f.path.lastIndexOf("/") + 1), dir);
+    if (update) await Deno.writeTextFile(golden, f.content);
+    assert.equal(f.content, await Deno.readTextFile(golden), `${f.path} differs from ${golden.pathname}`);
   }
 });

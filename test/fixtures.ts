@@ -1,0 +1,35 @@
+/** Shared test data: what the feature description's class and set resolve to, and one instance of them. */
+import type { InstanceParams } from "../src/provision/params.ts";
+import type { Instance } from "../src/host/render.ts";
+
+/** What the seed's VirtualTargetClass + ExporterSet resolve to (params_test.ts checks that). */
+export const seedParams: InstanceParams = {
+  host: { name: "lab-host-01.example.com", user: "root", port: 22 },
+  runtime: { kvm: true, devices: [] },
+  arch: "aarch64",
+  cpu: 4,
+  memory: "4Gi",
+  storage: "16Gi",
+  images: {
+    exporter: { image: "quay.io/jumpstarter-dev/jumpstarter:latest", pullPolicy: "IfNotPresent" },
+    runtime: { image: "quay.io/jumpstarter-dev/virtual/qemu-runtime:latest", pullPolicy: "IfNotPresent" },
+  },
+};
+
+export const PEM = "-----BEGIN CERTIFICATE-----\nMIIBszCCAVmgAwIBAgIUX\n-----END CERTIFICATE-----\n";
+
+export function seedInstance(over: Partial<Instance> = {}): Instance {
+  return {
+    namespace: "jumpstarter",
+    name: "aarch64-ssh-pool-x7k2p",
+    uid: "0b7e6c1a-5f7d-4a8e-9c39-2f1d7e0a6b11",
+    setName: "aarch64-ssh-pool",
+    params: seedParams,
+    drivers: [{ name: "qemu", type: "jumpstarter_driver_qemu.driver.Qemu" }],
+    exitOnLeaseEnd: true,
+    endpoint: "grpc.jumpstarter.example.com:443",
+    token: "eyJhbGciOiJSUzI1NiJ9.payload.signature",
+    caBundle: PEM,
+    ...over,
+  };
+}
