@@ -4,9 +4,8 @@
  * The Jumpstarter operator starts the image's /exporter-set-controller with flags only, so flags alone mean `run`.
  */
 import { parseArgs } from "node:util";
-import { stringify } from "yaml";
 import { PROVISIONER } from "./src/api/types.ts";
-import { CRDS } from "./src/api/crds.ts";
+import { crdFiles } from "./src/api/crds.ts";
 import { runController } from "./src/run.ts";
 import { renderCommand } from "./src/cli/render.ts";
 import { doctorCommand } from "./src/cli/doctor.ts";
@@ -54,7 +53,7 @@ export async function main(argv: string[]): Promise<number> {
       return 0;
     case "crds":
       noArgs(rest, "crds");
-      console.log(CRDS.map((c) => stringify(c, { lineWidth: 0 })).join("---\n"));
+      await Deno.stdout.write(new TextEncoder().encode(crdFiles().map((f) => f.yaml).join("---\n")));
       return 0;
     case "run":
       return await runController(parseRunFlags(rest));

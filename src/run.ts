@@ -1,5 +1,13 @@
 /** `run`: the controller process: clients, leader election, health, signals, graceful shutdown. */
-import { KubeClient } from "./kube/client.ts";
+import { KubeClient, KubeError } from "./kube/client.ts";
+import {
+  CONFIG_MAPS,
+  EXPORTER_SETS,
+  EXPORTERS,
+  JUMPSTARTER_LEASES,
+  SECRETS,
+  VIRTUAL_TARGET_CLASSES,
+} from "./kube/resources.ts";
 import { acquireLeadership, type Leadership } from "./kube/leader.ts";
 import { createLogger, type Level } from "./observe/log.ts";
 import { Metrics } from "./observe/metrics.ts";
@@ -25,7 +33,8 @@ export interface RunOptions {
 
 export async function runController(o: RunOptions): Promise<number> {
   const log = createLogger({ level: o.logLevel, format: o.logFormat });
-  const client = await KubeClient.load(o.kubeconfig);
+  const client = await loadClient(o.kubeconfig);
+  await preflight(client, o.namespace, o.kubeconfig);
   const metrics = new Metrics();
   const shutdown = new AbortController();
   for (const sig of ["SIGTERM", "SIGINT"] as const) {
@@ -93,5 +102,42 @@ export async function runController(o: RunOptions): Promise<number> {
     client.close();
     log.info("stopped");
     return code;
+  }
+}
+
+const WATCHED = [EXPORTER_SETS, VIRTUAL_TARGET_CLASSES, EXPORTERS, JUMPSTARTER_LEASES, SECRETS, CONFIG_MAPS];
+
+async function loadClient(kubeconfig?: string): Promise<KubeClient> {
+  const source = kubeconfig ?? Deno.env.get("KUBECONFIG") ?? "in-cluster config or ~/.kube/config";
+  try {
+    return await KubeClient.load(kubeconfig);
+  } catch (e) {
+    throw new Error(`cannot load the kubeconfig (${source}): ${e instanceof Error ? e.message : e}`);
+  }
+}
+
+/**
+ * One read of every resource the controller watches, so a wrong server, missing CRDs or missing rights fail at
+ * start with one message naming what is wrong, instead of informers retrying quietly forever.
+ */
+async function preflight(client: KubeClient, namespace: string | undefined, kubeconfig?: string): Promise<void> {
+  const where = namespace ? `in namespace ${namespace}` : "cluster-wide";
+  for (const r of WATCHED) {
+    try {
+      await client.list(r, namespace, { limit: 1 });
+    } catch (e) {
+      const what = `${r.plural}${r.group ? `.${r.group}` : ""}`;
+      if (e instanceof KubeError && e.status === 403) {
+        throw new Error(`forbidden to list ${what} ${where}: grant the Role in manifests/role.yaml to this identity`);
+      }
+      if (e instanceof KubeError && e.status === 404) {
+        throw new Error(`the API server at ${client.server} does not serve ${what}: install the CRDs (crds/)`);
+      }
+      if (e instanceof KubeError) throw new Error(`listing ${what} ${where}: ${e.message}`);
+      const source = kubeconfig ? ` (server from ${kubeconfig})` : "";
+      throw new Error(
+        `cannot reach the API server at ${client.server}${source}: ${e instanceof Error ? e.message : e}`,
+      );
+    }
   }
 }

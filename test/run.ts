@@ -27,7 +27,7 @@ try {
   console.error(`[test] ${labhosts.length} lab hosts ready after ${secs()}s`);
   const env: TestEnv = {
     kubeconfig: cp.kubeconfigPath,
-    userKubeconfigs: {},
+    userKubeconfigs: { nobody: await cp.userKubeconfig("nobody") },
     labhosts,
     labNet: LAB,
     controlPlaneDir: cp.dir,

@@ -6,6 +6,8 @@ export interface ControlPlane {
   kubeconfigPath: string;
   caCertPath: string;
   stop(): Promise<void>;
+  /** Kills kube-apiserver (SIGKILL), waits `downMs`, starts it again on the same port and etcd; resolves when ready. */
+  restartApiServer(downMs?: number): Promise<void>;
   userKubeconfig(user: string, groups?: string[]): Promise<string>;
 }
 
@@ -41,6 +43,42 @@ export async function startControlPlane(opts: { dir: string; detached?: boolean 
   // Peer URLs are baked into etcd's data dir and the ports change on every start, so old data cannot be reused.
   await Deno.remove(`${dir}/etcd-data`, { recursive: true }).catch(ignoreNotFound);
 
+  const apiArgs = [
+    `--etcd-servers=${etcdUrl}`,
+    "--bind-address=127.0.0.1",
+    "--advertise-address=127.0.0.1",
+    `--secure-port=${apiPort}`,
+    `--tls-cert-file=${pki.serverCert}`,
+    `--tls-private-key-file=${pki.serverKey}`,
+    `--client-ca-file=${pki.caCert}`,
+    "--authorization-mode=RBAC",
+    `--service-account-issuer=${server}`,
+    `--service-account-key-file=${pki.saPub}`,
+    `--service-account-signing-key-file=${pki.saKey}`,
+    "--service-cluster-ip-range=10.0.0.0/24",
+    "--allow-privileged=true",
+    // No controller-manager runs, so nothing would ever create the default ServiceAccount that this plugin demands.
+    "--disable-admission-plugins=ServiceAccount",
+    // Loopback endpoints fail validation, so the reconciler would log an error every few seconds.
+    "--endpoint-reconciler-type=none",
+    // Tests burst requests from one identity: flow control would only add queuing and one more post-start hook.
+    "--enable-priority-and-fairness=false",
+    "--profiling=false",
+  ];
+  const startApiServer = async () => {
+    const child = await spawn(dir, "kube-apiserver", `${binDir}/kube-apiserver`, apiArgs, detached);
+    const admin = await clientFor(pki.caCert, pki.adminCert, pki.adminKey);
+    try {
+      await waitFor("kube-apiserver", dir, child, async () => {
+        const res = await fetch(`${server}/readyz`, { client: admin });
+        const body = await res.text();
+        return res.ok && body.trim() === "ok";
+      });
+    } finally {
+      admin.close();
+    }
+    return child;
+  };
   const children: Deno.ChildProcess[] = [];
   const detached = opts.detached ?? false;
   try {
@@ -64,40 +102,7 @@ export async function startControlPlane(opts: { dir: string; detached?: boolean 
       return res.ok && JSON.parse(body).health === "true";
     });
 
-    children.push(
-      await spawn(dir, "kube-apiserver", `${binDir}/kube-apiserver`, [
-        `--etcd-servers=${etcdUrl}`,
-        "--bind-address=127.0.0.1",
-        "--advertise-address=127.0.0.1",
-        `--secure-port=${apiPort}`,
-        `--tls-cert-file=${pki.serverCert}`,
-        `--tls-private-key-file=${pki.serverKey}`,
-        `--client-ca-file=${pki.caCert}`,
-        "--authorization-mode=RBAC",
-        `--service-account-issuer=${server}`,
-        `--service-account-key-file=${pki.saPub}`,
-        `--service-account-signing-key-file=${pki.saKey}`,
-        "--service-cluster-ip-range=10.0.0.0/24",
-        "--allow-privileged=true",
-        // No controller-manager runs, so nothing would ever create the default ServiceAccount that this plugin demands.
-        "--disable-admission-plugins=ServiceAccount",
-        // Loopback endpoints fail validation, so the reconciler would log an error every few seconds.
-        "--endpoint-reconciler-type=none",
-        // Tests burst requests from one identity: flow control would only add queuing and one more post-start hook.
-        "--enable-priority-and-fairness=false",
-        "--profiling=false",
-      ], detached),
-    );
-    const admin = await clientFor(pki.caCert, pki.adminCert, pki.adminKey);
-    try {
-      await waitFor("kube-apiserver", dir, children[1], async () => {
-        const res = await fetch(`${server}/readyz`, { client: admin });
-        const body = await res.text();
-        return res.ok && body.trim() === "ok";
-      });
-    } finally {
-      admin.close();
-    }
+    children.push(await startApiServer());
   } catch (err) {
     await stopChildren(dir, children);
     throw err;
@@ -114,6 +119,13 @@ export async function startControlPlane(opts: { dir: string; detached?: boolean 
     kubeconfigPath,
     caCertPath: pki.caCert,
     stop: () => detached ? stopControlPlane(dir) : stopChildren(dir, children),
+    async restartApiServer(downMs = 0) {
+      const api = children[1];
+      signal(api.pid, "SIGKILL");
+      await api.status;
+      await new Promise((r) => setTimeout(r, downMs));
+      children[1] = await startApiServer();
+    },
     async userKubeconfig(user: string, groups: string[] = []) {
       const file = user.replace(/[^A-Za-z0-9._-]/g, "_");
       const { cert, key } = await issueCert(pki, `user-${file}`, { cn: user, orgs: groups, usage: "clientAuth" });
