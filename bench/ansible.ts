@@ -127,9 +127,8 @@ scp_executable = ${dir}/bin/scp
       const r = await run(join(VENV, "bin", "ansible-playbook"), ["-i", inv, join(PLAYBOOKS, `${name}.yml`)], { env });
       await Deno.writeTextFile(join(this.dir, `${name}-${n}.log`), r.text);
       if (!r.ok) throw new Error(`ansible-playbook ${name} failed (exit ${r.code}):\n${r.text.slice(-3000)}`);
-      const sockets = await Array.fromAsync(Deno.readDir(cp));
       const lines = (await Deno.readTextFile(count)).split("\n").filter((l) => l);
-      return { sshRoundTrips: lines.length, sshConnections: sockets.length };
+      return { sshRoundTrips: lines.length };
     } finally {
       await this.stopMasters(cp);
     }

@@ -8,14 +8,14 @@ import type { Placement } from "./fleet.ts";
 import type { HostProbe } from "./hosts.ts";
 
 export interface SshCounts {
-  /** Commands run over SSH (sessions / exec requests), each one round trip at least. */
+  /** Commands run over SSH (sessions / exec requests), each one round trip at least; counted by the deployer. */
   sshRoundTrips: number;
-  /** SSH connections (TCP + handshake + auth) opened. */
-  sshConnections: number;
 }
 
 export interface PhaseResult extends SshCounts {
   seconds: number;
+  /** SSH connections (TCP + handshake + auth) the hosts' sshd accepted during the phase. */
+  sshConnections: number;
 }
 
 export interface Deployer {
@@ -32,15 +32,17 @@ export interface DeployerResult {
 
 /** Times deploy and teardown from clean hosts; checks (untimed) that the files and units are right, then gone. */
 export async function measure(d: Deployer, p: Placement, probe: HostProbe): Promise<DeployerResult> {
+  const hosts = p.map((x) => x.host);
   const timed = async (phase: () => Promise<SshCounts>): Promise<PhaseResult> => {
-    const t0 = performance.now();
+    const [from, t0] = [Date.now(), performance.now()];
     const counts = await phase();
-    return { seconds: (performance.now() - t0) / 1000, ...counts };
+    const seconds = (performance.now() - t0) / 1000;
+    return { seconds, ...counts, sshConnections: await probe.sshLogins(hosts, from, Date.now()) };
   };
   const deploy = await timed(() => d.deploy(p));
   await probe.assertDeployed(p, d.name);
   const teardown = await timed(() => d.teardown(p));
-  await probe.assertClean(p.map((x) => x.host), `${d.name} teardown`);
+  await probe.assertClean(hosts, `${d.name} teardown`);
   return { deployer: d.name, deploy, teardown };
 }
 

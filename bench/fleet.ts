@@ -29,6 +29,8 @@ export async function startLab(hosts: number): Promise<LabHost[]> {
   // Ansible's modules need Python on the managed hosts (the provisioner needs only sh). labhost.sh reads its
   // environment, and the extra package gives this lab its own cached base image.
   Deno.env.set("LAB_EXTRA_PKGS", "python3");
+  // eight hosts booting at once on a busy 2-core machine can take longer than labhost.sh's default 90 s
+  if (!Deno.env.get("LAB_BOOT_TIMEOUT")) Deno.env.set("LAB_BOOT_TIMEOUT", "300");
   return await startLabHosts(LAB, hosts);
 }
 

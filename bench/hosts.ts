@@ -74,6 +74,23 @@ export class HostProbe {
     return ready;
   }
 
+  /**
+   * SSH connections the hosts accepted between two moments (epoch ms), from sshd's "Accepted publickey" lines. The
+   * probe's own connection is opened once, before any measurement, so it never falls inside a window.
+   */
+  async sshLogins(hosts: LabHost[], fromMs: number, toMs: number): Promise<number> {
+    const at = (ms: number) => `@${(ms / 1000).toFixed(3)}`;
+    const counts = await Promise.all(hosts.map(async (h) =>
+      Number(
+        (await this.#exec(
+          h,
+          `journalctl -q --since ${at(fromMs)} --until ${at(toMs)} -o cat | grep -c '^Accepted publickey' || true`,
+        )).trim(),
+      )
+    ));
+    return counts.reduce((a, b) => a + b, 0);
+  }
+
   close(): Promise<void> {
     return this.#pool.close();
   }

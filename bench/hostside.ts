@@ -21,8 +21,7 @@ export function hostSideDeployer(probe: HostProbe): Deployer {
       await Promise.all(
         p.flatMap(({ host, instances }) => instances.map(async (r) => fn(lab, await probe.target(host), r))),
       );
-      const s = pool.stats();
-      return { sshRoundTrips: s.commands, sshConnections: s.connectionsOpened };
+      return { sshRoundTrips: pool.stats().commands };
     } finally {
       await pool.close();
     }

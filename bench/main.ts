@@ -63,7 +63,8 @@ async function git(...args: string[]): Promise<string> {
 }
 
 const startedAt = new Date().toISOString();
-const loadavg = (await Deno.readTextFile("/proc/loadavg")).split(" ").slice(0, 3).join(" ");
+const loadAverage = async () => (await Deno.readTextFile("/proc/loadavg")).split(" ").slice(0, 3).join(" ");
+const loadavg = await loadAverage();
 const ansibleVersion = await ensureAnsible();
 const dir = await Deno.makeTempDir({ prefix: "qsp-bench-" });
 log(`${mode} run; work dir ${dir} (kept if the run fails)`);
@@ -128,7 +129,7 @@ async function bench(cleanup: (() => Promise<void>)[]): Promise<Results> {
     wallSeconds: NaN,
     machine: {
       cpus: navigator.hardwareConcurrency,
-      loadavgAtStart: loadavg,
+      loadavg: { start: loadavg, end: await loadAverage() },
       commit: await git("rev-parse", "HEAD"),
       deno: `deno ${Deno.version.deno}`,
       ansible: ansibleVersion,
@@ -141,6 +142,7 @@ async function bench(cleanup: (() => Promise<void>)[]): Promise<Results> {
     scaleModel: scaleModel(controller),
     ratios: {
       vsAnsible: ratio(last.ours, last.ansible),
+      vsAnsibleWithoutStartup: ratio(last.ours, last.ansible, ansibleNoopSeconds),
       vsNaive: ratio(last.ours, last.naive),
       hostSideVsAnsible: ratio(last.hostSide, last.ansible),
       hostSideVsNaive: ratio(last.hostSide, last.naive),

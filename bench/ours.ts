@@ -33,7 +33,10 @@ export interface PhaseCost {
   seconds: number;
   controllerCpuSeconds: number;
   sshRoundTrips: number;
+  /** Accepted by the hosts' sshd (see HostProbe.sshLogins). */
   sshConnections: number;
+  /** The controller's own qemu_ssh_connections_opened_total, for comparison with what the hosts saw. */
+  sshConnectionsMetric: number;
   /** Requests the controller made to the API server (see cluster.ts for how they are told apart). */
   apiRequests: number;
   reconciles: number;
@@ -58,13 +61,14 @@ const SSH_CMDS = "qemu_ssh_command_seconds_count";
 const SSH_CONNS = "qemu_ssh_connections_opened_total";
 const RECONCILES = "controller_runtime_reconcile_total";
 
-function cost(a: Snapshot, b: Snapshot): PhaseCost {
+async function cost(probe: HostProbe, hosts: LabHost[], a: Snapshot, b: Snapshot): Promise<PhaseCost> {
   const d = (name: string) => total(b.metrics, name) - total(a.metrics, name);
   return {
     seconds: (b.at - a.at) / 1000,
     controllerCpuSeconds: b.proc.cpuSeconds - a.proc.cpuSeconds,
     sshRoundTrips: d(SSH_CMDS),
-    sshConnections: d(SSH_CONNS),
+    sshConnections: await probe.sshLogins(hosts, a.at, b.at),
+    sshConnectionsMetric: d(SSH_CONNS),
     apiRequests: (b.served - a.served) - (b.own - a.own),
     reconciles: d(RECONCILES),
   };
@@ -122,7 +126,7 @@ export async function runController(
       console.error(`[bench] ${fleetLabel(fleet)}: steady state for ${opts.steadyMinutes} min`);
       const a = await snap();
       await new Promise((r) => setTimeout(r, opts.steadyMinutes! * 60_000));
-      const c = cost(a, await snap());
+      const c = await cost(probe, hosts, a, await snap());
       const perMin = (v: number) => v / (c.seconds / 60);
       steady = {
         minutes: c.seconds / 60,
@@ -146,8 +150,8 @@ export async function runController(
       fleet: fleetLabel(fleet),
       hosts: hosts.length,
       instances: instanceCount(fleet),
-      deploy: cost(s0, s1),
-      teardown: cost(s2, s3),
+      deploy: await cost(probe, hosts, s0, s1),
+      teardown: await cost(probe, hosts, s2, s3),
       instanceLatency: { p50: percentile(latencies, 50), p95: percentile(latencies, 95), max: Math.max(...latencies) },
       applySeconds: {
         p50: histogramQuantile(0.5, applied),

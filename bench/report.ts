@@ -23,14 +23,21 @@ export interface Results {
   mode: "quick" | "full";
   startedAt: string;
   wallSeconds: number;
-  machine: { cpus: number; loadavgAtStart: string; commit: string; deno: string; ansible: string };
+  machine: { cpus: number; loadavg: { start: string; end: string }; commit: string; deno: string; ansible: string };
   apiRequestsMeasuredAt: string;
   /** ansible-playbook with no tasks: its fixed start-up cost, included in its times. */
   ansibleNoopSeconds: number;
   controller: ControllerRun[];
   comparisons: Comparison[];
   scaleModel: Record<string, LinearFit & { projected: number }>;
-  ratios: { vsAnsible: Ratio; vsNaive: Ratio; hostSideVsAnsible: Ratio; hostSideVsNaive: Ratio };
+  ratios: {
+    vsAnsible: Ratio;
+    /** Against Ansible minus its no-op start-up, since the controller's own start-up is not in its time either. */
+    vsAnsibleWithoutStartup: Ratio;
+    vsNaive: Ratio;
+    hostSideVsAnsible: Ratio;
+    hostSideVsNaive: Ratio;
+  };
 }
 
 export interface Ratio {
@@ -52,9 +59,10 @@ export function asDeployerResult(run: ControllerRun): DeployerResult {
   };
 }
 
-export const ratio = (ours: DeployerResult, theirs: DeployerResult): Ratio => ({
-  deploy: ours.deploy.seconds / theirs.deploy.seconds,
-  teardown: ours.teardown.seconds / theirs.teardown.seconds,
+/** ours / theirs, optionally with `theirsFixed` seconds taken off each of their phases. */
+export const ratio = (ours: DeployerResult, theirs: DeployerResult, theirsFixed = 0): Ratio => ({
+  deploy: ours.deploy.seconds / (theirs.deploy.seconds - theirsFixed),
+  teardown: ours.teardown.seconds / (theirs.teardown.seconds - theirsFixed),
 });
 
 /** Linear fits of the controller's cost against the instance count, projected to PROJECT_INSTANCES. */
@@ -85,7 +93,8 @@ export function markdown(r: Results): string {
     `# Benchmark (${r.mode}): qemu-ssh-provisioner vs Ansible vs naive`,
     "",
     `${r.startedAt}, commit ${r.machine.commit.slice(0, 12)}, ${r.machine.cpus} CPUs shared with other work (load ` +
-    `${r.machine.loadavgAtStart} at start), ${r.machine.deno}, ${r.machine.ansible}; total ${f(r.wallSeconds, 0)} s.`,
+    `average ${r.machine.loadavg.start} at start, ${r.machine.loadavg.end} at the end), ${r.machine.deno}, ` +
+    `${r.machine.ansible}; total ${f(r.wallSeconds, 0)} s.`,
     "",
     "## Deploy and teardown, same files on the same hosts (seconds; SSH round trips / connections)",
     "",
@@ -107,9 +116,10 @@ export function markdown(r: Results): string {
   const rt = (x: Ratio) => `deploy ${f(x.deploy)}, teardown ${f(x.teardown)}`;
   lines.push(
     "",
-    `Ratios at the largest fleet (target <= 0.25): controller/ansible ${rt(r.ratios.vsAnsible)}; LabHosts/ansible ` +
-      `${rt(r.ratios.hostSideVsAnsible)}; controller/naive ${rt(r.ratios.vsNaive)}; LabHosts/naive ` +
-      `${rt(r.ratios.hostSideVsNaive)}. ansible-playbook with no tasks takes ${f(r.ansibleNoopSeconds)} s.`,
+    `Ratios at the largest fleet (target <= 0.25): controller/ansible ${rt(r.ratios.vsAnsible)} (against ansible ` +
+      `without its ${f(r.ansibleNoopSeconds)} s no-op start-up: ${rt(r.ratios.vsAnsibleWithoutStartup)}); ` +
+      `LabHosts/ansible ${rt(r.ratios.hostSideVsAnsible)}; controller/naive ${rt(r.ratios.vsNaive)}; ` +
+      `LabHosts/naive ${rt(r.ratios.hostSideVsNaive)}. SSH connections: as counted by the hosts' sshd.`,
     "",
     "## The controller per fleet size",
     "",
@@ -167,6 +177,14 @@ export function markdown(r: Results): string {
   for (const [k, m] of Object.entries(r.scaleModel)) {
     lines.push(row([k, f(m.slope, 3), f(m.intercept), f(m.r2, 3), f(m.projected, 0)]));
   }
+  const measured = Math.max(...r.controller.map((c) => c.instances));
+  lines.push(
+    "",
+    `Memory per instance (peak RSS slope): ${f(r.scaleModel.peakRssMiB.slope)} MiB. The projection extrapolates ` +
+      `linearly from at most ${measured} instances: wall times there depend on the controller's concurrency (a few ` +
+      `ExporterSets reconciled at a time, the instances of one set in parallel), so read projected seconds as an ` +
+      `order of magnitude. SSH connections stay one per host (${PROJECT_HOSTS}).`,
+  );
   lines.push("", ratioLine(r.ratios.vsAnsible), "");
   return lines.join("\n");
 }
@@ -174,17 +192,36 @@ export function markdown(r: Results): string {
 export const ratioLine = (x: Ratio) =>
   `ratio-vs-ansible deploy=${x.deploy.toFixed(2)} teardown=${x.teardown.toFixed(2)}`;
 
-/** Writes RESULTS_DIR/<mode>.json and .md, each through a .tmp file (ignored by git) and a rename. */
+/**
+ * Writes RESULTS_DIR/<mode>.json and .md, each through a .tmp file (ignored by git) and a rename, then formats them
+ * as `deno fmt` would (tables aligned), so `deno task check` stays clean with the results committed.
+ */
 export async function writeResults(r: Results): Promise<string[]> {
   await Deno.mkdir(RESULTS_DIR, { recursive: true });
   const out: string[] = [];
   for (const [ext, text] of [["json", JSON.stringify(r, roundReplacer, 2) + "\n"], ["md", markdown(r)]]) {
     const path = join(RESULTS_DIR, `${r.mode}.${ext}`);
-    await Deno.writeTextFile(`${path}.tmp`, text);
+    await Deno.writeTextFile(`${path}.tmp`, await denoFmt(text, ext));
     await Deno.rename(`${path}.tmp`, path);
     out.push(path);
   }
   return out;
+}
+
+async function denoFmt(text: string, ext: string): Promise<string> {
+  // the project's config, so the file is exactly what `deno fmt --check` expects
+  const config = join(import.meta.dirname!, "..", "deno.json");
+  const child = new Deno.Command(Deno.execPath(), {
+    args: ["fmt", `--config=${config}`, `--ext=${ext}`, "-"],
+    stdin: "piped",
+    stdout: "piped",
+  }).spawn();
+  const writer = child.stdin.getWriter();
+  await writer.write(new TextEncoder().encode(text));
+  await writer.close();
+  const out = await child.output();
+  if (!out.success) throw new Error(`deno fmt --ext=${ext} failed (exit ${out.code})`);
+  return new TextDecoder().decode(out.stdout);
 }
 
 /** Three decimals are plenty and keep the committed file small and its diffs readable. */

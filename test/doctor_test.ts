@@ -12,8 +12,6 @@ import { KubeClient } from "../src/kube/client.ts";
 import { EXPORTER_SETS, SECRETS, VIRTUAL_TARGET_CLASSES } from "../src/kube/resources.ts";
 import type { ExporterSet, KubeObject, Secret } from "../src/api/types.ts";
 
-// ssh2 keeps timers of its own briefly after the pool is closed
-const opts = { sanitizeOps: false, sanitizeResources: false };
 const SEED_HOST = "lab-host-01.example.com";
 
 async function doctor(args: string[], utf8 = true) {
@@ -21,7 +19,6 @@ async function doctor(args: string[], utf8 = true) {
   const io = { out: (t: string) => lines.push(...t.split("\n")), err: (t: string) => lines.push(...t.split("\n")) };
   const code = await doctorCommand(args, io, utf8);
   const text = lines.join("\n");
-  console.log(text); // TEMP
   /** The check lines of one check, e.g. "host key". */
   const check = (name: string) => lines.filter((l) => new RegExp(`^\\S+ +${name} `).test(l));
   return { code, text, lines, check };
@@ -45,7 +42,6 @@ async function hostKeyLine(h: LabHost): Promise<{ type: string; blob: string }> 
 
 Deno.test({
   name: "doctor: a healthy lab host passes every check, logged in as root and as a user with sudo",
-  ...opts,
   async fn() {
     const [h] = (await testEnv()).labhosts;
     const r = await doctor(direct(h));
@@ -74,7 +70,6 @@ Deno.test({
 
 Deno.test({
   name: "doctor: a changed host key is refused with both fingerprints, before logging in",
-  ...opts,
   async fn() {
     const [h1, h2] = (await testEnv()).labhosts;
     const other = await hostKeyLine(h2);
@@ -116,7 +111,6 @@ Deno.test({
 
 Deno.test({
   name: "doctor: a user the host does not know fails at login, with the authorized_keys line to add",
-  ...opts,
   async fn() {
     const [h] = (await testEnv()).labhosts;
     const r = await doctor(direct(h, "--user", "nosuchuser"));
@@ -130,8 +124,8 @@ Deno.test({
 });
 
 Deno.test({
-  name: "doctor from the cluster: the seed's class and set through a host alias; an image missing under Never fails",
-  ...opts,
+  name: "doctor from the cluster: the seed's class and set through a host alias; the set's image missing under Never " +
+    "fails",
   async fn() {
     const env = await testEnv();
     const h = env.labhosts[1];
@@ -152,12 +146,8 @@ Deno.test({
       await client.create(VIRTUAL_TARGET_CLASSES, await seedExample("virtualtargetclass.yaml", ns));
       const set = await seedExample("exporterset.yaml", ns) as ExporterSet;
       await client.create(EXPORTER_SETS, set as KubeObject);
-      const args = [
-        ...["--kubeconfig", env.kubeconfig, "--namespace", ns, "--class", "qemu-ssh-aarch64"],
-        ...["--set", "aarch64-ssh-pool", "--host-alias", `${SEED_HOST}=${h.address}`],
-      ];
-
-      const r = await doctor(args);
+      const base = ["--kubeconfig", env.kubeconfig, "--namespace", ns, "--host-alias", `${SEED_HOST}=${h.address}`];
+      const r = await doctor([...base, "--class", "qemu-ssh-aarch64", "--set", "aarch64-ssh-pool"]);
       assert.equal(r.code, 0, r.text);
       assert.ok(r.lines.filter((l) => /^[✓!✗] /.test(l)).every((l) => l.startsWith("✓ ")), r.text);
       assert.match(r.check("credentials")[0], /Secret .*\/lab-ssh-key: ssh-ed25519 SHA256:.*hostKeyPolicy Strict/);
@@ -171,14 +161,42 @@ Deno.test({
       await client.mergePatch(EXPORTER_SETS, ns, "aarch64-ssh-pool", {
         spec: { images: { runtime: { image: absent, imagePullPolicy: "Never" } } },
       });
-      const missing = await doctor(args);
+      // the set names its class
+      const missing = await doctor([...base, "--set", "aarch64-ssh-pool"]);
       assert.equal(missing.code, 1, missing.text);
       const images = missing.check("image");
       assert.match(images[0], /^✓ .*jumpstarter:latest present/);
       assert.match(images[1], new RegExp(`^✗ .*${escape(absent)} missing, and imagePullPolicy is Never`));
       assert.match(missing.lines.at(-1)!, /NOT ready .*1 check\(s\) failed \(image\)/);
+      const classOnly = await doctor([...base, "--class", "qemu-ssh-aarch64"]);
+      assert.equal(classOnly.code, 0, `the class alone uses the default images:\n${classOnly.text}`);
+      assert.match(classOnly.check("cluster")[0], /VirtualTargetClass [^,]*\/qemu-ssh-aarch64 from /);
     } finally {
       client.close();
     }
   },
+});
+
+Deno.test("doctor: usage errors exit 2 with the usage and no stack trace; --help exits 0", async () => {
+  const cases = [
+    [],
+    ["--host", "h1"],
+    ["--host", "h1", "--key", "k", "--class", "c"],
+    ["--host", "h1", "--key", "k", "--namespace", "ns"],
+    ["--host", "h1", "--key", "k", "--known-hosts", "kh", "--accept-new"],
+    ["--host", "h1", "--key", "k", "--port", "0"],
+    ["--class", "c"],
+    ["--class", "c", "--namespace", "ns", "--key", "k"],
+    ["--class", "c", "--namespace", "ns", "--host-alias", "h1"],
+    ["--bogus"],
+  ];
+  for (const args of cases) {
+    const r = await doctor(args);
+    assert.equal(r.code, 2, `${args}: ${r.text}`);
+    assert.match(r.text, /^error: .*\n\nusage: qemu-ssh-provisioner doctor /, `${args}`);
+    assert.doesNotMatch(r.text, /\n +at /);
+  }
+  const help = await doctor(["--help"]);
+  assert.equal(help.code, 0);
+  assert.match(help.text, /^usage: qemu-ssh-provisioner doctor --host HOST/);
 });

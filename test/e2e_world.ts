@@ -212,7 +212,8 @@ export async function plugIn(host: LabHost): Promise<void> {
 }
 
 async function ipLink(host: LabHost, state: "up" | "down"): Promise<void> {
-  const netns = `${Deno.env.get("QSP_LAB_BRIDGE") ?? "qsplab1"}-${host.name}`;
+  // labhost.sh names a host's network namespace <bridge>-<host>
+  const netns = `${(await testEnv()).labNet.bridge}-${host.name}`;
   const out = await new Deno.Command("ip", { args: ["-n", netns, "link", "set", "eth0", state], stderr: "piped" })
     .output();
   if (!out.success) throw new Error(`ip -n ${netns} link set eth0 ${state}: ${new TextDecoder().decode(out.stderr)}`);

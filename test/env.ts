@@ -4,7 +4,7 @@
  */
 import { parse, parseAllDocuments } from "yaml";
 import type { KubeObject } from "../src/api/types.ts";
-import { CRDS } from "../src/api/crds.ts";
+import { CRDS, JUMPSTARTER_CRDS } from "../src/api/crds.ts";
 import { isConflict, KubeClient } from "../src/kube/client.ts";
 import { CRDS as CRD_RESOURCE, NAMESPACES } from "../src/kube/resources.ts";
 import type { LabHost, LabNet } from "./labhost/labhost.ts";
@@ -45,9 +45,10 @@ export async function freshNamespace(client: KubeClient, prefix = "t"): Promise<
   return name;
 }
 
-/** Creates or updates the CRDs, then waits until the API server serves them. */
+/** Creates or updates our CRDs and the test copies of Jumpstarter's, then waits until the API server serves them. */
 export async function installCrds(client: KubeClient): Promise<void> {
-  for (const crd of CRDS) {
+  const all = [...CRDS, ...JUMPSTARTER_CRDS];
+  for (const crd of all) {
     try {
       await client.create(CRD_RESOURCE, crd as unknown as KubeObject);
     } catch (e) {
@@ -62,7 +63,7 @@ export async function installCrds(client: KubeClient): Promise<void> {
       );
     }
   }
-  for (const crd of CRDS) {
+  for (const crd of all) {
     await waitFor(async () => {
       const c = await client.get<{ status?: { conditions?: { type: string; status: string }[] } }>(
         CRD_RESOURCE,

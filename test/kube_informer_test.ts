@@ -27,11 +27,12 @@ interface Seen {
 async function setup<T extends KubeObject>(
   resource: typeof CONFIG_MAPS,
   opts: Partial<InformerOptions> = {},
+  clientOpts: Parameters<typeof KubeClient.load>[1] = {},
 ) {
   const env = await testEnv();
   const admin = await KubeClient.load(env.kubeconfig);
   const proxy = await FaultInjector.forKubeconfig(env.kubeconfig);
-  const client = await proxy.client(env.kubeconfig);
+  const client = await proxy.client(env.kubeconfig, clientOpts);
   const ns = await freshNamespace(admin, "kinf");
   const logs: string[] = [];
   const log = createLogger({
@@ -176,6 +177,30 @@ Deno.test("informer: a silent (half-dead) watch is detected by the idle timeout 
     assert.ok(detected <= IDLE_MS + 1000, `detected within the idle timeout: ${secs(detected)}`);
     assert.ok(seenAfter < IDLE_MS + 1000, `seen ${secs(seenAfter)} after resume`);
     assert.ok(t.logs.some((l) => l.includes("watch silent, restarting")));
+  } finally {
+    await t.stop();
+  }
+});
+
+Deno.test("informer: a list on a half-dead connection times out and is retried, so the cache still syncs", async () => {
+  const REQUEST_TIMEOUT_MS = 1500;
+  const t = await setup<ConfigMap>(CONFIG_MAPS, {}, { requestTimeoutMs: REQUEST_TIMEOUT_MS });
+  try {
+    await t.admin.create(CONFIG_MAPS, cm(t.ns, "present"));
+    t.proxy.silence();
+    const synced = t.start();
+    await waitFor(() => t.informer.stats.lists >= 2, {
+      what: "the stalled list to be given up and retried",
+      timeoutMs: 3 * REQUEST_TIMEOUT_MS,
+      intervalMs: 20,
+    });
+    assert.ok(!t.informer.hasSynced);
+    assert.ok(t.logs.some((l) => l.includes("list/watch failed") && l.includes("TimeoutError")), t.logs.join("\n"));
+    t.proxy.resume();
+    const resumed = performance.now();
+    await synced;
+    console.log(`synced ${secs(performance.now() - resumed)} after resume; lists=${t.informer.stats.lists}`);
+    assert.ok(t.saw("ADDED", "present"));
   } finally {
     await t.stop();
   }

@@ -1,11 +1,15 @@
 import assert from "node:assert/strict";
-import { crdFiles, CRDS } from "./crds.ts";
+import { crdFiles, crdKustomization, CRDS, JUMPSTARTER_CRDS } from "./crds.ts";
 import type { ExporterSetSpec } from "./types.ts";
 
-Deno.test("crds/ is what `deno task crds` generates", async () => {
-  for (const f of crdFiles()) {
-    const onDisk = await Deno.readTextFile(new URL(`../../crds/${f.name}`, import.meta.url));
-    assert.equal(onDisk, f.yaml, `crds/${f.name} is out of date: run \`deno task crds\``);
+Deno.test("crds/ and test/crds/ are what `deno task crds` generates", async () => {
+  const expected = [
+    ...[...crdFiles(), { name: "kustomization.yaml", yaml: crdKustomization() }].map((f) => ({ ...f, dir: "crds" })),
+    ...crdFiles(JUMPSTARTER_CRDS).map((f) => ({ ...f, dir: "test/crds" })),
+  ];
+  for (const f of expected) {
+    const onDisk = await Deno.readTextFile(new URL(`../../${f.dir}/${f.name}`, import.meta.url));
+    assert.equal(onDisk, f.yaml, `${f.dir}/${f.name} is out of date: run \`deno task crds\``);
   }
 });
 

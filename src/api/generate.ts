@@ -1,8 +1,15 @@
-/** `deno task crds`: writes `crds/*.yaml` from the TypeScript schemas. */
-import { crdFiles } from "./crds.ts";
+/** `deno task crds`: writes `crds/*.yaml` (ours) and `test/crds/*.yaml` (Jumpstarter's, for tests) from the schemas. */
+import { crdFiles, crdKustomization, JUMPSTARTER_CRDS } from "./crds.ts";
 
-const dir = new URL("../../crds/", import.meta.url);
-for (const f of crdFiles()) {
-  await Deno.writeTextFile(new URL(f.name, dir), f.yaml);
-  console.log(`wrote crds/${f.name}`);
+async function write(dir: URL, files: { name: string; yaml: string }[]) {
+  for (const f of files) {
+    await Deno.writeTextFile(new URL(f.name, dir), f.yaml);
+    console.log(`wrote ${new URL(f.name, dir).pathname}`);
+  }
 }
+
+await write(new URL("../../crds/", import.meta.url), [
+  ...crdFiles(),
+  { name: "kustomization.yaml", yaml: crdKustomization() },
+]);
+await write(new URL("../../test/crds/", import.meta.url), crdFiles(JUMPSTARTER_CRDS));

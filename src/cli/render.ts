@@ -23,7 +23,7 @@ Prints, for each ExporterSet in the files, what run would write on its lab host:
 quadlets with their paths, the volume and the units. Offline: nothing is read from a cluster or a host. The set's
 VirtualTargetClass (spec.virtualTargetClassName, same namespace) must be in the files too.
 
-  --class FILE, --set FILE, -f FILE   manifests, YAML with any number of documents; repeatable
+  --class FILE, --set FILE, -f FILE   manifests (-f is also --file), YAML, any number of documents; repeatable
   --exporter NAME                     the Exporter's name (default SET-xxxxx); only with a single ExporterSet
   --endpoint HOST:PORT                the Jumpstarter endpoint for the ExporterConfig (default <endpoint>)
 

@@ -1,5 +1,7 @@
 import assert from "node:assert/strict";
 import { parse } from "yaml";
+import { resolveParams } from "../provision/params.ts";
+import { renderInstance } from "../host/render.ts";
 import { type Manifest, PLACEHOLDER_UID, renderCommand, renderManifests } from "./render.ts";
 
 const example = (file: string) => new URL(`../../manifests/examples/${file}`, import.meta.url).pathname;
@@ -25,7 +27,7 @@ function files(text: string): Map<string, { header: string; content: string }> {
   return blocks;
 }
 
-Deno.test("render: the seed's class and set print the config and both quadlets with their paths, host and units", async () => {
+Deno.test("render: the seed's class and set print the three files with their paths, the host and units", async () => {
   const r = await render(["--class", CLASS, "--set", SET, "--endpoint", "grpc.jumpstarter.example.com:443"]);
   assert.equal(r.code, 0, r.err);
   assert.equal(r.err, "");
@@ -41,47 +43,28 @@ Deno.test("render: the seed's class and set print the config and both quadlets w
     `/etc/containers/systemd/${name}-runtime.container`,
     `/etc/containers/systemd/${name}-exporter.container`,
   ]);
-  const [config, runtime, exporter] = blocks.values();
+  const [config, runtime] = blocks.values();
   assert.match(config.header, new RegExp(`mode 0600, linked as /etc/jumpstarter/exporters/${name}\\.yaml\\)`));
   assert.match(runtime.header, /\(mode 0644\) <==$/);
-  assert.deepEqual(parse(config.content), {
-    apiVersion: "jumpstarter.dev/v1alpha1",
-    kind: "ExporterConfig",
-    metadata: { namespace: "jumpstarter", name },
+
+  // exactly what run would write for a new Exporter of the set, with what only the cluster knows as placeholders
+  const [cls, set] = (await seed()).map((m) => parse(m.text));
+  const resolved = resolveParams(cls, set);
+  assert.ok(resolved.ok);
+  const expected = renderInstance({
+    namespace: "jumpstarter",
+    name,
+    uid: PLACEHOLDER_UID,
+    setName: "aarch64-ssh-pool",
+    params: resolved.params,
+    drivers: [{ name: "qemu", type: "jumpstarter_driver_qemu.driver.Qemu" }],
+    exitOnLeaseEnd: true,
     endpoint: "grpc.jumpstarter.example.com:443",
     token: "<redacted>",
-    tls: { ca: "", insecure: false },
-    exitOnLeaseEnd: true,
-    export: {
-      qemu: {
-        type: "jumpstarter_driver_qemu.driver.Qemu",
-        config: {
-          arch: "aarch64",
-          smp: 4,
-          mem: "4G",
-          disk_size: "16G",
-          hostfwd: { ssh: { protocol: "tcp", hostaddr: "127.0.0.1", hostport: 2222, guestport: 22 } },
-          launcher_socket: "/shared/launcher.sock",
-        },
-      },
-      tcp: { type: "jumpstarter_driver_network.driver.TcpNetwork", config: { host: "127.0.0.1", port: 2222 } },
-    },
+    caBundle: "",
   });
-  assert.ok(config.content.includes(`exporter=${name} uid=${PLACEHOLDER_UID}`), "the ownership line is printed too");
-  for (const line of ["Image=quay.io/jumpstarter-dev/virtual/qemu-runtime:latest", "AddDevice=-/dev/kvm"]) {
-    assert.ok(runtime.content.split("\n").includes(line), `runtime quadlet lacks ${line}`);
-  }
-  for (
-    const line of [
-      "Image=quay.io/jumpstarter-dev/jumpstarter:latest",
-      `Network=${name}-runtime.container`,
-      `Exec=jmp run --exporter-config /etc/jumpstarter/exporters/${name}.yaml`,
-      "Restart=on-failure",
-    ]
-  ) {
-    assert.ok(exporter.content.split("\n").includes(line), `exporter quadlet lacks ${line}`);
-  }
-  assert.ok(exporter.content.endsWith("WantedBy=multi-user.target"), "each file is printed whole");
+  assert.deepEqual([...blocks.values()].map((b) => `${b.content}\n`), expected.files.map((f) => f.content));
+  assert.equal(parse(config.content).token, "<redacted>");
 });
 
 Deno.test("render -f: one multi-document file renders the same; --exporter names the instance", async () => {
@@ -122,7 +105,8 @@ Deno.test("render: parameter errors are printed one per line with object, field 
     assert.equal(r.out, "", "nothing is rendered");
     assert.deepEqual(r.err.split("\n"), [
       "VirtualTargetClass qemu-ssh-aarch64: spec.parameters.host.name: missing: set parameters.host.name (the lab " +
-      "host's DNS name or IP address) on the VirtualTargetClass qemu-ssh-aarch64 or on the ExporterSet aarch64-ssh-pool",
+      "host's DNS name or IP address) on the VirtualTargetClass qemu-ssh-aarch64 or on the ExporterSet " +
+      "aarch64-ssh-pool",
       'ExporterSet aarch64-ssh-pool: spec.parameters.resources.cpu: expected an integer, got the string "4": write 4 ' +
       "without quotes",
     ]);

@@ -46,6 +46,7 @@ export interface RequestOptions {
   signal?: AbortSignal;
   /** Overrides the client's requestTimeoutMs for this request. */
   timeoutMs?: number;
+  headers?: Record<string, string>;
 }
 
 export interface ClientOptions {
@@ -103,13 +104,14 @@ export class KubeClient {
     this.http.close();
   }
 
-  private async headers(contentType?: string): Promise<Headers> {
+  private async headers(contentType?: string, extra: Record<string, string> = {}): Promise<Headers> {
     // Asked per request: bearer tokens (in-cluster, exec plugins) are refreshed by client-node.
     const opts: { headers?: Record<string, string> } = { headers: {} };
     await this.kc.applyToHTTPSOptions(opts);
     const h = new Headers(opts.headers);
     h.set("Accept", "application/json");
     if (contentType) h.set("Content-Type", contentType);
+    for (const [k, v] of Object.entries(extra)) h.set(k, v);
     return h;
   }
 
@@ -125,7 +127,7 @@ export class KubeClient {
     const contentType = opts.body === undefined ? undefined : (opts.contentType ?? "application/json");
     const res = await fetch(this.url(path, opts.query), {
       method,
-      headers: await this.headers(contentType),
+      headers: await this.headers(contentType, opts.headers),
       body: opts.body === undefined ? undefined : JSON.stringify(opts.body),
       signal: opts.signal,
       client: this.http,
@@ -231,6 +233,9 @@ export class KubeClient {
   ): AsyncGenerator<WatchEvent<T>> {
     const res = await this.fetch("GET", resourcePath(r, { namespace }), {
       query: { ...query, watch: true, allowWatchBookmarks: true },
+      // The API server gzips some watch streams (those that start with initial events), and Deno's fetch ends a
+      // gzipped stream after its first flushed chunk: the watch would look closed by the server after one event.
+      headers: { "Accept-Encoding": "identity" },
       signal,
     });
     if (!res.body) return;

@@ -22,9 +22,12 @@ export type Handler<T> = (type: EventType, obj: T) => void;
 export interface InformerOptions {
   namespace?: string;
   labelSelector?: string;
-  /** Server-side watch timeout; the watch is re-established after it. */
+  /** Server-side watch timeout (default 60); the watch is re-established after it. */
   watchTimeoutSeconds?: number;
-  /** No byte for this long means the connection is dead. Must exceed watchTimeoutSeconds. */
+  /**
+   * No event (bookmarks included) for this long means the connection is dead. Must exceed the watch timeout, or
+   * every quiet watch would be taken for dead; defaults to the watch timeout plus 30 s.
+   */
   idleTimeoutMs?: number;
   backoffInitialMs?: number;
   backoffMaxMs?: number;
@@ -41,12 +44,20 @@ export class Informer<T extends KubeObject> {
   readonly synced = new Promise<void>((r) => this.resolveSynced = r);
   hasSynced = false;
   readonly stats = { lists: 0, watches: 0, restarts: 0, idleTimeouts: 0 };
+  private readonly watchTimeoutSeconds: number;
+  private readonly idleMs: number;
 
   constructor(
     private readonly client: KubeClient,
     readonly resource: Resource,
     private readonly opts: InformerOptions,
-  ) {}
+  ) {
+    this.watchTimeoutSeconds = opts.watchTimeoutSeconds ?? 60;
+    this.idleMs = opts.idleTimeoutMs ?? this.watchTimeoutSeconds * 1000 + 30_000;
+    if (this.idleMs <= this.watchTimeoutSeconds * 1000) {
+      throw new Error(`informer ${resource.plural}: idleTimeoutMs must exceed watchTimeoutSeconds`);
+    }
+  }
 
   on(handler: Handler<T>): void {
     this.handlers.push(handler);
@@ -144,7 +155,7 @@ export class Informer<T extends KubeObject> {
     this.stats.watches++;
     const idle = new AbortController();
     const both = AbortSignal.any([signal, idle.signal]);
-    const idleMs = this.opts.idleTimeoutMs ?? 90_000;
+    const idleMs = this.idleMs;
     let timer = setTimeout(() => idle.abort(), idleMs);
     const touch = () => {
       clearTimeout(timer);
@@ -155,7 +166,7 @@ export class Informer<T extends KubeObject> {
       const events = this.client.watch<T>(this.resource, this.opts.namespace, {
         resourceVersion: this.resourceVersion,
         labelSelector: this.opts.labelSelector,
-        timeoutSeconds: this.opts.watchTimeoutSeconds ?? 60,
+        timeoutSeconds: this.watchTimeoutSeconds,
       }, both);
       for await (const ev of events) {
         touch();

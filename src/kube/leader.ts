@@ -8,7 +8,7 @@
  * longer renew, and stops before a standby (waiting a full lease duration) can take over.
  */
 import type { KubeObject } from "../api/types.ts";
-import { isConflict, isNotFound, type KubeClient } from "./client.ts";
+import { isConflict, type KubeClient } from "./client.ts";
 import { COORDINATION_LEASES } from "./resources.ts";
 import { abortableSleep } from "./backoff.ts";
 import type { Logger } from "../observe/log.ts";

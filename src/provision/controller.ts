@@ -21,7 +21,7 @@ import { Metrics } from "../observe/metrics.ts";
 import type { HostOps } from "../host/lab.ts";
 import { resolveParams } from "./params.ts";
 import { type LabTarget, PINNED_HOST_KEYS_SECRET, sshTarget } from "./credentials.ts";
-import { type Caches, type Context, ownerSetName, reconcile, targetString } from "./reconciler.ts";
+import { type Caches, type Context, deployedTarget, ownerSetName, reconcile, targetString } from "./reconciler.ts";
 
 export interface ControllerOptions {
   client: KubeClient;
@@ -79,6 +79,7 @@ export class Controller {
       resyncMs: opts.resyncMs ?? 5 * 60_000,
       applied: new Map(),
       expectations: new Map(),
+      statuses: new Map(),
     };
     this.queue = new WorkQueue({
       concurrency: opts.concurrency ?? 4,
@@ -176,24 +177,46 @@ export class Controller {
 
   /** Removes instances on our hosts whose Exporter no longer exists. Returns how many were removed. */
   async sweep(): Promise<number> {
-    const known = new Set(this.caches.exporters.list().map((e) => e.metadata.uid));
     let removed = 0;
     for (const target of this.hostTargets()) {
       const inspection = await this.opts.hosts.inspect(target);
+      // Read after the inspection: an instance deployed meanwhile had its Exporter cached before its apply began.
+      const known = new Set(this.caches.exporters.list().map((e) => e.metadata.uid));
       for (const inst of inspection.instances) {
         if (this.opts.namespace && inst.namespace !== this.opts.namespace) continue; // not ours to judge
         if (inst.uid && known.has(inst.uid)) continue;
+        if (inst.ownerMismatch) {
+          this.opts.log.warn("not sweeping an instance whose files disagree about their owner", {
+            host: target.host,
+            instance: inst.name,
+          });
+          continue;
+        }
         this.opts.log.info("removing orphaned instance", { host: target.host, instance: inst.name, uid: inst.uid });
         await this.opts.hosts.remove(target, inst.name);
         removed++;
       }
     }
+    this.forgetGone();
     return removed;
   }
 
-  /** Every distinct lab host that some ExporterSet of ours points at, with working credentials. */
+  /** Drops the apply memory of Exporters that went without our finalizer running (deleted behind our back). */
+  private forgetGone(): void {
+    const known = new Set(this.caches.exporters.list().map((e) => e.metadata.uid));
+    for (const uid of this.ctx.applied.keys()) if (!known.has(uid)) this.ctx.applied.delete(uid);
+  }
+
+  /**
+   * Every distinct lab host that some ExporterSet of ours points at, or some Exporter was deployed to (a set that
+   * moved or went may have left instances behind), with working credentials.
+   */
   private hostTargets(): LabTarget[] {
     const out = new Map<string, LabTarget>();
+    for (const e of this.caches.exporters.list()) {
+      const target = deployedTarget(this.ctx, e);
+      if (target) out.set(targetString(target), target);
+    }
     for (const set of this.caches.sets.list()) {
       const ns = set.metadata.namespace;
       const cls = this.caches.classes.get(ns, set.spec.virtualTargetClassName);

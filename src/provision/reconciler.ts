@@ -7,7 +7,15 @@
  */
 import { Buffer } from "node:buffer";
 import { createHash } from "node:crypto";
-import type { ConfigMap, Exporter, ExporterSet, Lease, Secret, VirtualTargetClass } from "../api/types.ts";
+import type {
+  ConfigMap,
+  Exporter,
+  ExporterSet,
+  ExporterSetStatus,
+  Lease,
+  Secret,
+  VirtualTargetClass,
+} from "../api/types.ts";
 import { EXPORTER_SETS, EXPORTERS, SECRETS } from "../kube/resources.ts";
 import { isConflict, isNotFound, type KubeClient } from "../kube/client.ts";
 import type { Informer } from "../kube/informer.ts";
@@ -17,6 +25,7 @@ import type { Logger } from "../observe/log.ts";
 import type { Metrics } from "../observe/metrics.ts";
 import { type Instance, renderInstance } from "../host/render.ts";
 import type { HostOps } from "../host/lab.ts";
+import { SshError } from "../host/ssh.ts";
 import { type InstanceParams, resolveParams } from "./params.ts";
 import {
   decodeSecretValue,
@@ -25,8 +34,8 @@ import {
   PINNED_HOST_KEYS_SECRET,
   sshTarget,
 } from "./credentials.ts";
-import { type ExporterView, plan, selectorMatches, selectorString, withDefaults } from "./plan.ts";
-import { computeStatus, type ExporterState, type Problem, statusChanged } from "./status.ts";
+import { type ExporterView, type Plan, plan, selectorMatches, selectorString, withDefaults } from "./plan.ts";
+import { computeStatus, type ExporterState, type Problem, statusChanged, type StatusInput } from "./status.ts";
 
 export const FINALIZER = "qemu-ssh.jumpstarter.dev/teardown";
 export const HOST_ANNOTATION = "qemu-ssh.jumpstarter.dev/host";
@@ -59,6 +68,8 @@ export interface Context {
   applied: Map<string, AppliedState>;
   /** Exporters created but not yet seen in the cache, per set uid (avoids double creation). */
   expectations: Map<string, { names: Set<string>; until: number }>;
+  /** The status last written per set key ("ns/name"), for the set of that uid (see lastStatus). */
+  statuses: Map<string, { uid: string; status: ExporterSetStatus }>;
 }
 
 export interface AppliedState {
@@ -85,145 +96,66 @@ export async function reconcile(ctx: Context, key: string): Promise<Outcome> {
   const owned = ctx.caches.exporters.list(ns).filter((e) =>
     ownerSetName(e) === name && (!set || e.metadata.ownerReferences!.some((o) => o.uid === set.metadata.uid))
   );
-  if (!set) return await orphaned(ctx, ns, owned);
+  if (!set) {
+    ctx.statuses.delete(key);
+    return await orphaned(ctx, ns, owned);
+  }
   const cls = ctx.caches.classes.get(ns, set.spec.virtualTargetClassName);
   if (cls && cls.spec.provisioner !== ctx.provisioner) return {}; // another provisioner's set
-  const log = ctx.log.child({ exporterSet: key });
-  const s = withDefaults(set.spec);
-  const selector = selectorString(set.spec.template?.metadata?.labels ?? set.spec.selector?.matchLabels ?? {});
-  const statusBase = {
-    generation: set.metadata.generation,
-    old: set.status,
-    now: ctx.now(),
-    selector,
-    minReplicas: s.minReplicas,
-    minAvailableReplicas: s.minAvailableReplicas,
-    maxReplicas: s.maxReplicas,
-  };
+  const old = lastStatus(ctx, key, set);
   if (!cls) {
     await writeStatus(
       ctx,
+      key,
       set,
-      computeStatus({
-        ...statusBase,
-        exporters: [],
-        waitingForCredentials: [],
-        problems: [],
-        classMissing: set.spec.virtualTargetClassName,
-      }),
+      old,
+      computeStatus({ ...statusBasics(ctx, set, old), classMissing: set.spec.virtualTargetClassName }),
     );
     return {};
   }
 
-  const problems: Problem[] = [];
-  const resolved = resolveParams(cls, set);
-  let params: InstanceParams | undefined;
-  let target: LabTarget | undefined;
-  if (!resolved.ok) {
-    const msg = resolved.errors.map((e) => `${e.object} ${e.name}: ${e.field}: ${e.message}`).join("; ");
-    problems.push({ reason: "InvalidParameters", message: msg });
-    ctx.recorder.event(set, "Warning", "InvalidParameters", msg);
-  } else {
-    params = resolved.params;
-    for (const w of resolved.warnings) ctx.recorder.event(set, "Warning", "UnknownParameter", w);
-    const cred = sshTarget(
-      cls,
-      params,
-      ctx.caches.secrets.get(ns, cls.spec.credentialsSecretRef?.name ?? ""),
-      ctx.caches.secrets.get(ns, PINNED_HOST_KEYS_SECRET),
-    );
-    if (cred.ok) target = cred.target;
-    else {
-      problems.push(cred.problem);
-      ctx.recorder.event(set, "Warning", cred.problem.reason, cred.problem.message);
-    }
-  }
-
+  const { params, target, problems } = configuration(ctx, set, cls);
   // 1. Exporters being deleted: tear down on the host first, then let them go.
   const live: Exporter[] = [];
   for (const e of owned) {
-    if (e.metadata.deletionTimestamp) {
+    if (!e.metadata.deletionTimestamp) live.push(e);
+    else {
       const p = await finalize(ctx, set, e, target);
       if (p) problems.push(p);
-    } else live.push(e);
+    }
   }
-
   // 2. Deploy or refresh what has credentials.
-  const waiting: string[] = [];
-  const states = new Map<string, AppliedState | undefined>();
-  if (params && target) {
-    const results = await Promise.all(live.map(async (e) => {
-      const hasCreds = e.status?.credential?.name && e.status?.endpoint;
-      if (!hasCreds) {
-        waiting.push(e.metadata.name!);
-        return undefined;
-      }
-      try {
-        return await deploy(ctx, set, cls, e, params!, target!);
-      } catch (err) {
-        const p = { reason: problemReason(err), message: `${e.metadata.name}: ${errorText(err)}` };
-        problems.push(p);
-        ctx.recorder.event(e, "Warning", p.reason, p.message);
-        log.warn("deploy failed", { exporter: e.metadata.name, error: errorText(err) });
-        return undefined;
-      }
-    }));
-    live.forEach((e, i) => states.set(e.metadata.uid!, results[i]));
-  }
-
+  const { states, waiting } = params && target
+    ? await deployAll(ctx, set, cls, live, params, target, problems)
+    : { states: new Map<string, AppliedState | undefined>(), waiting: [] };
   // 3. Plan and act.
-  const leases = ctx.caches.leases.list(ns);
-  const views: ExporterView[] = live.map((e) => ({
-    name: e.metadata.name!,
-    enabled: e.spec?.enabled !== false,
-    leased: isLeased(e, leases),
-    deleting: false,
-    exited: states.get(e.metadata.uid!)?.exited ?? false,
-    createdAt: e.metadata.creationTimestamp ?? "",
-  }));
+  const views = exporterViews(ctx, ns, live, states);
   const pending = pendingCreates(ctx, set, live);
-  for (const n of pending) {
-    views.push({ name: n, enabled: true, leased: false, deleting: false, exited: false, createdAt: "" });
-  }
-  const labels = set.spec.template?.metadata?.labels ?? {};
-  const demand =
-    leases.filter((l) =>
-      !l.status?.ended && !l.status?.exporterRef && !l.spec?.exporterRef && selectorMatches(l.spec?.selector, labels)
-    ).length;
   const p = plan({
     spec: set.spec,
-    exporters: views,
-    pendingDemand: demand,
+    exporters: [...views, ...pending.map(pendingView)],
+    pendingDemand: pendingDemand(ctx, set),
     waitForFirstConsumer: cls.spec.bindingMode === "WaitForFirstConsumer",
-    surplusSince: set.status?.surplusSince,
+    surplusSince: old?.surplusSince,
     now: ctx.now(),
   });
   if (!params || !target) p.create = 0; // nothing can be deployed until the configuration is fixed
-  await createExporters(ctx, set, p.create);
-  for (const n of p.enable) await setEnabled(ctx, set, ns, n, true);
-  for (const n of p.drain) await setEnabled(ctx, set, ns, n, false);
-  for (const n of p.delete) {
-    await ctx.client.delete(EXPORTERS, ns, n);
-    ctx.recorder.event(set, "Normal", "DeletingExporter", `deleting exporter ${n}`);
-  }
-
+  await act(ctx, set, p);
   // 4. Status.
-  const exporterStates: ExporterState[] = views.filter((v) => !pending.includes(v.name)).map((v) => {
-    const e = live.find((x) => x.metadata.name === v.name)!;
-    const online = e.status?.conditions?.find((c) => c.type === "Online");
-    return {
-      name: v.name,
-      enabled: v.enabled && !p.drain.includes(v.name),
-      leased: v.leased,
-      ready: lastKnown(ctx, states, e.metadata.uid!)?.ready ?? false,
-      online: online ? online.status === "True" : undefined,
-    };
-  });
+  const exporterStates: ExporterState[] = live.map((e, i) => ({
+    name: e.metadata.name!,
+    enabled: views[i].enabled && !p.drain.includes(views[i].name),
+    leased: views[i].leased,
+    ready: lastKnown(ctx, states, e.metadata.uid!)?.ready ?? false,
+    online: onlineReport(e),
+  }));
   await writeStatus(
     ctx,
+    key,
     set,
+    old,
     computeStatus({
-      ...statusBase,
+      ...statusBasics(ctx, set, old),
       desired: p.desired,
       wanted: p.wanted,
       exporters: exporterStates,
@@ -232,15 +164,155 @@ export async function reconcile(ctx: Context, key: string): Promise<Outcome> {
       surplusSince: p.surplusSince,
     }),
   );
-  const retry = problems.length ? 30_000 : ctx.resyncMs;
-  return { requeueAfterMs: Math.min(retry, p.requeueAfterMs ?? Infinity) };
+  return { requeueAfterMs: Math.min(retryAfterMs(ctx, problems), p.requeueAfterMs ?? Infinity) };
+}
+
+/** The parts of the status input that do not depend on what this reconcile did. */
+function statusBasics(ctx: Context, set: ExporterSet, old: ExporterSetStatus | undefined): StatusInput {
+  const s = withDefaults(set.spec);
+  return {
+    generation: set.metadata.generation,
+    old,
+    // taken when the status is computed, not when the reconcile began: a deploy can take seconds
+    now: ctx.now(),
+    selector: selectorString(set.spec.template?.metadata?.labels ?? set.spec.selector?.matchLabels ?? {}),
+    minReplicas: s.minReplicas,
+    minAvailableReplicas: s.minAvailableReplicas,
+    maxReplicas: s.maxReplicas,
+    exporters: [],
+    waitingForCredentials: [],
+    problems: [],
+  };
+}
+
+/** The instance parameters and SSH target of the set, or the problems that keep it from having them. */
+function configuration(
+  ctx: Context,
+  set: ExporterSet,
+  cls: VirtualTargetClass,
+): { params?: InstanceParams; target?: LabTarget; problems: Problem[] } {
+  const ns = set.metadata.namespace!;
+  const resolved = resolveParams(cls, set);
+  if (!resolved.ok) {
+    const message = resolved.errors.map((e) => `${e.object} ${e.name}: ${e.field}: ${e.message}`).join("; ");
+    ctx.recorder.event(set, "Warning", "InvalidParameters", message);
+    return { problems: [{ reason: "InvalidParameters", message }] };
+  }
+  for (const w of resolved.warnings) ctx.recorder.event(set, "Warning", "UnknownParameter", w);
+  const cred = sshTarget(
+    cls,
+    resolved.params,
+    ctx.caches.secrets.get(ns, cls.spec.credentialsSecretRef?.name ?? ""),
+    ctx.caches.secrets.get(ns, PINNED_HOST_KEYS_SECRET),
+  );
+  if (!cred.ok) {
+    ctx.recorder.event(set, "Warning", cred.problem.reason, cred.problem.message);
+    return { params: resolved.params, problems: [cred.problem] };
+  }
+  return { params: resolved.params, target: cred.target, problems: [] };
+}
+
+/** Deploys every live Exporter that has its credentials, in parallel; failures become problems. */
+async function deployAll(
+  ctx: Context,
+  set: ExporterSet,
+  cls: VirtualTargetClass,
+  live: Exporter[],
+  params: InstanceParams,
+  target: LabTarget,
+  problems: Problem[],
+): Promise<{ states: Map<string, AppliedState | undefined>; waiting: string[] }> {
+  const waiting = live.filter((e) => !e.status?.credential?.name || !e.status?.endpoint).map((e) => e.metadata.name!);
+  const results = await Promise.all(live.map(async (e) => {
+    if (waiting.includes(e.metadata.name!)) return undefined;
+    try {
+      return await deploy(ctx, set, cls, e, params, target);
+    } catch (err) {
+      if (err instanceof LeftBehind && !isLeased(e, ctx.caches.leases.list(e.metadata.namespace))) {
+        await replaceLeftBehind(ctx, set, e, err);
+        return undefined;
+      }
+      const p = { reason: problemReason(err), message: `${e.metadata.name}: ${errorText(err)}` };
+      problems.push(p);
+      ctx.recorder.event(e, "Warning", p.reason, p.message);
+      ctx.log.warn("deploy failed", { exporterSet: set.metadata.name, exporter: e.metadata.name, error: p.message });
+      return undefined;
+    }
+  }));
+  return { states: new Map(live.map((e, i) => [e.metadata.uid!, results[i]])), waiting };
+}
+
+function exporterViews(
+  ctx: Context,
+  ns: string,
+  live: Exporter[],
+  states: Map<string, AppliedState | undefined>,
+): ExporterView[] {
+  const leases = ctx.caches.leases.list(ns);
+  return live.map((e) => ({
+    name: e.metadata.name!,
+    enabled: e.spec?.enabled !== false,
+    leased: isLeased(e, leases),
+    deleting: false,
+    exited: states.get(e.metadata.uid!)?.exited ?? false,
+    createdAt: e.metadata.creationTimestamp ?? "",
+  }));
+}
+
+/** An Exporter just created but not in the cache yet: counts as a fresh, idle one. */
+const pendingView = (name: string): ExporterView => ({
+  name,
+  enabled: true,
+  leased: false,
+  deleting: false,
+  exited: false,
+  createdAt: "",
+});
+
+/** Pending Leases (not bound to any exporter) whose selector matches the set's template labels. */
+function pendingDemand(ctx: Context, set: ExporterSet): number {
+  const labels = set.spec.template?.metadata?.labels ?? {};
+  return ctx.caches.leases.list(set.metadata.namespace).filter((l) =>
+    !l.status?.ended && !l.status?.exporterRef && !l.spec?.exporterRef && selectorMatches(l.spec?.selector, labels)
+  ).length;
+}
+
+async function act(ctx: Context, set: ExporterSet, p: Plan): Promise<void> {
+  const ns = set.metadata.namespace!;
+  await createExporters(ctx, set, p.create);
+  for (const n of p.enable) await setEnabled(ctx, set, ns, n, true);
+  for (const n of p.drain) await setEnabled(ctx, set, ns, n, false);
+  for (const n of p.delete) {
+    await ctx.client.delete(EXPORTERS, ns, n);
+    ctx.recorder.event(set, "Normal", "DeletingExporter", `deleting exporter ${n}`);
+  }
+}
+
+/** Jumpstarter's view: true = online, false = reported offline, undefined = not reported yet. */
+function onlineReport(e: Exporter): boolean | undefined {
+  const online = e.status?.conditions?.find((c) => c.type === "Online");
+  return online ? online.status === "True" : undefined;
+}
+
+/** Problems that fix themselves (a host back online) are retried sooner than those that wait for a person. */
+const TRANSIENT_PROBLEMS = new Set(["HostUnreachable", "TeardownFailed", "MoveBlocked"]);
+const TRANSIENT_RETRY_MS = 10_000;
+const PROBLEM_RETRY_MS = 30_000;
+
+function retryAfterMs(ctx: Context, problems: Problem[]): number {
+  if (problems.some((p) => TRANSIENT_PROBLEMS.has(p.reason))) return TRANSIENT_RETRY_MS;
+  return problems.length ? PROBLEM_RETRY_MS : ctx.resyncMs;
 }
 
 /**
  * The state of an instance as this reconcile found it; when it could not even try (the parameters or credentials are
  * broken), as the last apply found it: those instances keep running with their last good configuration.
  */
-function lastKnown(ctx: Context, states: Map<string, AppliedState | undefined>, uid: string) {
+function lastKnown(
+  ctx: Context,
+  states: Map<string, AppliedState | undefined>,
+  uid: string,
+): AppliedState | undefined {
   return states.has(uid) ? states.get(uid) : ctx.applied.get(uid);
 }
 
@@ -260,7 +332,9 @@ async function deploy(
   const previous = e.metadata.annotations?.[TARGET_ANNOTATION];
   if (previous && previous !== where) {
     // The set now points at another host: remove the instance from the old one before deploying anew.
-    await ctx.hosts.remove(parseTarget(previous, target), name);
+    await ctx.hosts.remove(parseTarget(previous, target), name).catch((err) => {
+      throw new LeftBehind(previous, err);
+    });
     ctx.applied.delete(e.metadata.uid!);
   }
   // The target is recorded before anything reaches the host, so that teardown finds a half-done deploy; the host
@@ -337,16 +411,51 @@ class DeployError extends Error {
   }
 }
 
+/** The set moved to another host, and the instance could not be removed from the one it was on. */
+class LeftBehind extends Error {
+  constructor(readonly where: string, readonly reason: unknown) {
+    super(`could not remove it from its previous host ${where}: ${errorText(reason)}`);
+  }
+}
+
 function problemReason(err: unknown): string {
-  if (err instanceof DeployError && err.code === "kvm") return "KvmMissing";
+  if (err instanceof LeftBehind) return "MoveBlocked";
+  if (err instanceof DeployError && err.code === "kvm-missing") return "KvmMissing";
   const kind = (err as { kind?: string })?.kind;
   if (kind === "hostkey") return "HostKeyRejected";
   if (kind === "auth") return "AuthenticationFailed";
-  if (kind === "connect" || kind === "timeout") return "HostUnreachable";
+  // closed: the connection died under a running command, which is what a host that went away looks like
+  if (kind === "connect" || kind === "timeout" || kind === "closed") return "HostUnreachable";
   return "DeployFailed";
 }
 
-const errorText = (e: unknown) => e instanceof Error ? e.message : String(e);
+/**
+ * An instance stuck on a host the set left (usually because that host is down): the Exporter is deleted, so its
+ * finalizer removes the old instance whenever that host is back, and a fresh Exporter starts on the new host now
+ * instead of the set waiting for the old one. A new Exporter, not the same one moved: the old instance may come back
+ * to life with the old identity until it is removed.
+ */
+async function replaceLeftBehind(ctx: Context, set: ExporterSet, e: Exporter, err: LeftBehind): Promise<void> {
+  await ctx.client.delete(EXPORTERS, e.metadata.namespace, e.metadata.name!);
+  ctx.recorder.event(
+    set,
+    "Warning",
+    "MoveBlocked",
+    `replacing ${e.metadata.name}: ${err.message}; it is removed there once that host is reachable`,
+  );
+}
+
+/**
+ * An error's message for status and events. While the SSH pool backs off it rethrows the last failure with a
+ * countdown ("next attempt allowed in 7s"); that text changes on every reconcile and would make a new Event object and
+ * a status write each time, so the underlying failure is reported instead.
+ */
+function errorText(e: unknown): string {
+  if (e instanceof SshError && e.retryAt !== undefined && e.cause instanceof Error) {
+    return `${e.cause.message} (retrying with backoff)`;
+  }
+  return e instanceof Error ? e.message : String(e);
+}
 
 function caBundle(ctx: Context, cls: VirtualTargetClass): string {
   const ns = cls.metadata.namespace;
@@ -359,8 +468,11 @@ function caBundle(ctx: Context, cls: VirtualTargetClass): string {
 
 export const targetString = (t: LabTarget) => `${t.user}@${t.host}:${t.port}`;
 
+/** The form of TARGET_ANNOTATION: user@host:port. */
+const TARGET_RE = /^(.+)@(.+):(\d+)$/;
+
 function parseTarget(s: string, like: LabTarget): LabTarget {
-  const m = /^(.+)@(.+):(\d+)$/.exec(s);
+  const m = TARGET_RE.exec(s);
   return m ? { ...like, user: m[1], host: m[2], port: Number(m[3]) } : like;
 }
 
@@ -427,28 +539,31 @@ async function removeInstance(
  * instances with the credentials of the class they were deployed with, if it is still there.
  */
 async function orphaned(ctx: Context, ns: string, owned: Exporter[]): Promise<Outcome> {
-  let blocked = false;
+  const problems: Problem[] = [];
   for (const e of owned) {
     if (!e.metadata.deletionTimestamp) {
       await ctx.client.delete(EXPORTERS, ns, e.metadata.name!);
       continue;
     }
     // one unreachable host must not keep the instances on the others
-    if (await finalize(ctx, e, e, lastTarget(ctx, e))) blocked = true;
+    const p = await finalize(ctx, e, e, deployedTarget(ctx, e));
+    if (p) problems.push(p);
   }
-  if (blocked) return { requeueAfterMs: 30_000 };
+  if (problems.length) return { requeueAfterMs: retryAfterMs(ctx, problems) };
   return owned.length ? { requeueAfterMs: 1_000 } : {};
 }
 
-/** Credentials for tearing down an orphan: any class in the namespace of our provisioner whose host matches. */
-function lastTarget(ctx: Context, e: Exporter): LabTarget | undefined {
+/**
+ * The SSH target an Exporter was deployed to (its target annotation), with the credentials of a class of ours in its
+ * namespace that can reach it; undefined if it was never deployed or no class has usable credentials.
+ */
+export function deployedTarget(ctx: Context, e: Exporter): LabTarget | undefined {
   const ns = e.metadata.namespace!;
-  const where = e.metadata.annotations?.[TARGET_ANNOTATION];
-  if (!where) return undefined;
+  const m = TARGET_RE.exec(e.metadata.annotations?.[TARGET_ANNOTATION] ?? "");
+  if (!m) return undefined;
+  const params = { host: { name: m[2], user: m[1], port: Number(m[3]) } } as InstanceParams;
   for (const cls of ctx.caches.classes.list(ns)) {
     if (cls.spec.provisioner !== ctx.provisioner) continue;
-    const m = /^(.+)@(.+):(\d+)$/.exec(where)!;
-    const params = { host: { name: m[2], user: m[1], port: Number(m[3]) } } as InstanceParams;
     const cred = sshTarget(
       cls,
       params,
@@ -523,12 +638,29 @@ async function annotate(ctx: Context, e: Exporter, annotations: Record<string, s
   await ctx.client.mergePatch(EXPORTERS, e.metadata.namespace, e.metadata.name!, { metadata: { annotations } });
 }
 
-async function writeStatus(ctx: Context, set: ExporterSet, next: ExporterSet["status"] & object): Promise<void> {
-  if (!statusChanged(set.status, next)) return;
+/**
+ * The set's status as this process last wrote it, else as cached. Right after a write the cache still holds the
+ * previous status for a moment; computing from that would re-stamp lastTransitionTime on conditions that did not
+ * flip and write a second time. The status is ours alone (no one else writes it), so our own last write is the truth.
+ */
+function lastStatus(ctx: Context, key: string, set: ExporterSet): ExporterSetStatus | undefined {
+  const mine = ctx.statuses.get(key);
+  return mine && mine.uid === set.metadata.uid ? mine.status : set.status;
+}
+
+async function writeStatus(
+  ctx: Context,
+  key: string,
+  set: ExporterSet,
+  old: ExporterSetStatus | undefined,
+  next: ExporterSetStatus,
+): Promise<void> {
+  if (!statusChanged(old, next)) return;
   // A merge patch keeps keys it does not mention: null out the ones that went away.
   const patch: Record<string, unknown> = { ...next };
-  for (const k of Object.keys(set.status ?? {})) if (!(k in next)) patch[k] = null;
+  for (const k of Object.keys(old ?? {})) if (!(k in next)) patch[k] = null;
   await ctx.client.mergePatch(EXPORTER_SETS, set.metadata.namespace, set.metadata.name!, { status: patch }, "status");
+  ctx.statuses.set(key, { uid: set.metadata.uid!, status: next });
 }
 
 /** Trust on first use: records a host key seen for the first time in the namespace's pin Secret. */

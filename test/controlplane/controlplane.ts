@@ -59,6 +59,8 @@ export async function startControlPlane(opts: { dir: string; detached?: boolean 
     "--allow-privileged=true",
     // No controller-manager runs, so nothing would ever create the default ServiceAccount that this plugin demands.
     "--disable-admission-plugins=ServiceAccount",
+    // As on OpenShift: setting blockOwnerDeletion needs `update` on the owner's finalizers, which the Role must grant.
+    "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
     // Loopback endpoints fail validation, so the reconciler would log an error every few seconds.
     "--endpoint-reconciler-type=none",
     // Tests burst requests from one identity: flow control would only add queuing and one more post-start hook.

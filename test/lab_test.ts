@@ -4,12 +4,12 @@
  * the middle of the work.
  */
 import assert from "node:assert/strict";
-import { hostExec, type LabHost } from "../../test/labhost/labhost.ts";
-import { testEnv, waitFor } from "../../test/env.ts";
-import { seedInstance } from "../../test/fixtures.ts";
-import { renderInstance } from "./render.ts";
-import { LabHosts } from "./lab.ts";
-import { SshError, SshPool, type SshTarget } from "./ssh.ts";
+import { hostExec, type LabHost } from "./labhost/labhost.ts";
+import { testEnv, waitFor } from "./env.ts";
+import { seedInstance } from "./fixtures.ts";
+import { renderInstance } from "../src/host/render.ts";
+import { LabHosts } from "../src/host/lab.ts";
+import { SshError, SshPool, type SshTarget } from "../src/host/ssh.ts";
 
 async function target(host: LabHost): Promise<SshTarget> {
   return {

@@ -1,0 +1,43 @@
+/**
+ * The fault suite: "nothing is lost". Each scenario injects a fault into a real control plane, real lab hosts and
+ * the controller running as a subprocess, then checks the invariants of invariants.ts. A bounded form runs in the
+ * normal `deno task test`; `deno task test:faults` runs the full one.
+ *
+ * QSP_FAULT_TRIALS: controller-kill trials (default 3; the full form sets 25).
+ * QSP_FAULT_HOST_TRIALS: repetitions of the host, API and credential scenarios (default 1).
+ */
+import assert from "node:assert/strict";
+import { killScenario } from "./kill.ts";
+import { hostScenario } from "./host_faults.ts";
+import { type Outcome, outcomes, outcomeTable, trialCount } from "./world.ts";
+
+const opts = { sanitizeOps: false, sanitizeResources: false };
+const KILL_TRIALS = trialCount("QSP_FAULT_TRIALS", 3);
+const REPS = trialCount("QSP_FAULT_HOST_TRIALS", 1);
+const failures = (rs: Outcome[]) => rs.filter((r) => !r.ok).map((r) => `${r.trial}: ${r.note}`);
+
+Deno.test({
+  name: `faults: the controller SIGKILLed mid-work and restarted (${KILL_TRIALS} trials) and the orphan sweep`,
+  ...opts,
+  async fn() {
+    const rs = await killScenario(KILL_TRIALS);
+    assert.deepEqual(failures(rs), []);
+  },
+});
+
+Deno.test({
+  name: `faults: lab host faults: sshd stopped, network cut, reboot (${REPS}x)`,
+  ...opts,
+  async fn() {
+    const rs = await hostScenario(REPS);
+    assert.deepEqual(failures(rs), []);
+  },
+});
+
+Deno.test({
+  name: "faults: summary",
+  ...opts,
+  fn() {
+    console.log(`\n${outcomeTable(outcomes)}`);
+  },
+});
