@@ -7,6 +7,7 @@ import { parseArgs } from "node:util";
 import { PROVISIONER } from "./src/api/types.ts";
 import { crdFiles } from "./src/api/crds.ts";
 import { runController } from "./src/run.ts";
+import { parseHostAliases } from "./src/host/lab.ts";
 import { renderCommand } from "./src/cli/render.ts";
 import { doctorCommand } from "./src/cli/doctor.ts";
 
@@ -93,11 +94,11 @@ export function parseRunFlags(args: string[]) {
   if (format !== "text" && format !== "json") throw new UsageError(`--log-format must be text or json`);
   const resync = Number(values.resync);
   if (!Number.isFinite(resync) || resync < 1) throw new UsageError(`--resync must be a number of seconds >= 1`);
-  const hostAliases: Record<string, string> = {};
-  for (const a of values["host-alias"]) {
-    const m = /^([^=\s]+)=([^=\s]+)$/.exec(a);
-    if (!m) throw new UsageError(`--host-alias must be NAME=ADDRESS, got "${a}"`);
-    hostAliases[m[1]] = m[2];
+  let hostAliases: Record<string, string>;
+  try {
+    hostAliases = parseHostAliases(values["host-alias"]);
+  } catch (e) {
+    throw new UsageError((e as Error).message);
   }
   return {
     hostAliases,

@@ -116,7 +116,7 @@ function pyYamlProperty(py: PyYaml): NamedProperty {
         const r = tryRender(inst);
         if (!r) return;
         const out = await py.load(configOnHost(r, inst), intendedConfig(inst));
-        assert.ok(out.ok, out.error ?? `read back as ${out.got}`);
+        assert.ok(out.ok, out.error ?? `read back differently:\n${out.got}`);
       }),
   };
 }

@@ -15,7 +15,7 @@ import { PINNED_HOST_KEYS_SECRET, sshTarget } from "../provision/credentials.ts"
 import { fingerprint, lookup } from "../host/known_hosts.ts";
 import { checkPrivateKey, type PrivateKeyCheck } from "../host/ssh_key.ts";
 import { SshError, SshPool, type SshTarget } from "../host/ssh.ts";
-import { LabHosts } from "../host/lab.ts";
+import { LabHosts, parseHostAliases } from "../host/lab.ts";
 import { type HostInspection, shellCommand, shQuote } from "../host/remote.ts";
 import { consoleIo, fieldErrorLine, hostString, type Io, parseFlags } from "./render.ts";
 
@@ -124,12 +124,7 @@ export function parseDoctorFlags(args: string[]): DoctorFlags {
   }
   if (hostOnly.length) throw new Error(`${hostOnly.join(", ")}: only with --host`);
   if (values.namespace === undefined) throw new Error("--class/--set need --namespace NS");
-  const hostAliases: Record<string, string> = {};
-  for (const a of values["host-alias"] ?? []) {
-    const m = /^([^=\s]+)=([^=\s]+)$/.exec(a);
-    if (!m) throw new Error(`--host-alias must be NAME=ADDRESS, got "${a}"`);
-    hostAliases[m[1]] = m[2];
-  }
+  const hostAliases = parseHostAliases(values["host-alias"] ?? []);
   return {
     mode: "cluster",
     kubeconfig: values.kubeconfig,

@@ -50,6 +50,17 @@ export interface LabHostsOptions {
   metrics?: Metrics;
 }
 
+/** Parses repeated `NAME=ADDRESS` flags (`--host-alias`) into a map; throws naming the bad one. */
+export function parseHostAliases(flags: string[]): Record<string, string> {
+  const aliases: Record<string, string> = {};
+  for (const a of flags) {
+    const m = /^([^=\s]+)=([^=\s]+)$/.exec(a);
+    if (!m) throw new Error(`--host-alias must be NAME=ADDRESS, got "${a}"`);
+    aliases[m[1]] = m[2];
+  }
+  return aliases;
+}
+
 export class LabHosts implements HostOps {
   constructor(private readonly pool: SshPool, private readonly opts: LabHostsOptions = {}) {}
 

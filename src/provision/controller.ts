@@ -175,29 +175,42 @@ export class Controller {
     }
   }
 
-  /** Removes instances on our hosts whose Exporter no longer exists. Returns how many were removed. */
+  /**
+   * Removes instances on our hosts whose Exporter no longer exists. Returns how many were removed. Hosts are swept in
+   * parallel and each on its own: one that is down neither delays nor stops the sweep of the others.
+   */
   async sweep(): Promise<number> {
-    let removed = 0;
-    for (const target of this.hostTargets()) {
-      const inspection = await this.opts.hosts.inspect(target);
-      // Read after the inspection: an instance deployed meanwhile had its Exporter cached before its apply began.
-      const known = new Set(this.caches.exporters.list().map((e) => e.metadata.uid));
-      for (const inst of inspection.instances) {
-        if (this.opts.namespace && inst.namespace !== this.opts.namespace) continue; // not ours to judge
-        if (inst.uid && known.has(inst.uid)) continue;
-        if (inst.ownerMismatch) {
-          this.opts.log.warn("not sweeping an instance whose files disagree about their owner", {
-            host: target.host,
-            instance: inst.name,
-          });
-          continue;
-        }
-        this.opts.log.info("removing orphaned instance", { host: target.host, instance: inst.name, uid: inst.uid });
-        await this.opts.hosts.remove(target, inst.name);
-        removed++;
-      }
-    }
+    const removed = await Promise.all(
+      this.hostTargets().map((target) =>
+        this.sweepHost(target).catch((e) => {
+          this.opts.log.warn("orphan sweep of a host failed", { host: target.host, error: String(e) });
+          return 0;
+        })
+      ),
+    );
     this.forgetGone();
+    return removed.reduce((a, b) => a + b, 0);
+  }
+
+  private async sweepHost(target: LabTarget): Promise<number> {
+    const inspection = await this.opts.hosts.inspect(target);
+    // Read after the inspection: an instance deployed meanwhile had its Exporter cached before its apply began.
+    const known = new Set(this.caches.exporters.list().map((e) => e.metadata.uid));
+    let removed = 0;
+    for (const inst of inspection.instances) {
+      if (this.opts.namespace && inst.namespace !== this.opts.namespace) continue; // not ours to judge
+      if (inst.uid && known.has(inst.uid)) continue;
+      if (inst.ownerMismatch) {
+        this.opts.log.warn("not sweeping an instance whose files disagree about their owner", {
+          host: target.host,
+          instance: inst.name,
+        });
+        continue;
+      }
+      this.opts.log.info("removing orphaned instance", { host: target.host, instance: inst.name, uid: inst.uid });
+      await this.opts.hosts.remove(target, inst.name);
+      removed++;
+    }
     return removed;
   }
 
