@@ -10,14 +10,14 @@ import { PROVISIONER } from "../api/types.ts";
 import type { ExporterSet, Secret, VirtualTargetClass } from "../api/types.ts";
 import { isNotFound, KubeClient } from "../kube/client.ts";
 import { EXPORTER_SETS, SECRETS, VIRTUAL_TARGET_CLASSES } from "../kube/resources.ts";
-import { DEFAULT_IMAGES, type ImageChoice, resolveParams } from "../provision/params.ts";
+import { DEFAULT_IMAGES, fieldErrorLine, type ImageChoice, resolveParams } from "../provision/params.ts";
 import { PINNED_HOST_KEYS_SECRET, sshTarget } from "../provision/credentials.ts";
 import { fingerprint, lookup } from "../host/known_hosts.ts";
 import { checkPrivateKey, type PrivateKeyCheck } from "../host/ssh_key.ts";
 import { SshError, SshPool, type SshTarget } from "../host/ssh.ts";
 import { LabHosts, parseHostAliases } from "../host/lab.ts";
 import { type HostInspection, shellCommand, shQuote } from "../host/remote.ts";
-import { consoleIo, fieldErrorLine, hostString, type Io, parseFlags } from "./render.ts";
+import { consoleIo, hostString, type Io, parseFlags } from "./render.ts";
 
 export const DOCTOR_USAGE = `usage: qemu-ssh-provisioner doctor --host HOST [--port 22] [--user root] --key PATH
                                    [--known-hosts PATH | --accept-new] [--address IP]

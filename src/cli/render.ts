@@ -8,11 +8,10 @@
 import { parseArgs } from "node:util";
 import { parseAllDocuments } from "yaml";
 import { type ExporterSet, PROVISIONER, type VirtualTargetClass } from "../api/types.ts";
-import { type FieldError, resolveParams } from "../provision/params.ts";
-import { withDefaults } from "../provision/plan.ts";
+import { fieldErrorLine, resolveParams } from "../provision/params.ts";
 import type { LabTarget } from "../provision/credentials.ts";
 import { targetString } from "../provision/reconciler.ts";
-import { type RenderedInstance, renderInstance } from "../host/render.ts";
+import { instanceOf, type RenderedInstance, renderInstance } from "../host/render.ts";
 import type { SshTarget } from "../host/ssh.ts";
 
 export const RENDER_USAGE =
@@ -68,7 +67,6 @@ export function parseFlags<T extends object>(
 }
 
 /** One parameter problem on one line: the object, the field, what is wrong and how to fix it. */
-export const fieldErrorLine = (e: FieldError) => `${e.object} ${e.name}: ${e.field}: ${e.message}`;
 
 /** `user@host:port`, as the reconciler records where it deployed (targetString reads nothing else of its target). */
 export const hostString = (t: Pick<SshTarget, "user" | "host" | "port">) => targetString(t as LabTarget);
@@ -201,18 +199,15 @@ export function renderManifests(
     }
     warnings.push(...resolved.warnings);
     try {
-      const rendered = renderInstance({
-        namespace: ns,
-        name: opts.exporter ?? `${set.metadata.name}-xxxxx`,
-        uid: PLACEHOLDER_UID,
-        setName: set.metadata.name!,
-        params: resolved.params,
-        drivers: set.spec.template?.spec?.drivers ?? [],
-        exitOnLeaseEnd: withDefaults(set.spec).recycleStrategy === "ExitAndReplace",
-        endpoint: opts.endpoint ?? PLACEHOLDER_ENDPOINT,
-        token: REDACTED,
-        caBundle: "",
-      });
+      const rendered = renderInstance(
+        instanceOf({ ...set, metadata: { ...set.metadata, namespace: ns } }, resolved.params, {
+          name: opts.exporter ?? `${set.metadata.name}-xxxxx`,
+          uid: PLACEHOLDER_UID,
+          endpoint: opts.endpoint ?? PLACEHOLDER_ENDPOINT,
+          token: REDACTED,
+          caBundle: "",
+        }),
+      );
       const { host } = resolved.params;
       out.push(describe(set, ns, rendered, hostString({ user: host.user, host: host.name, port: host.port })));
     } catch (e) {

@@ -4,8 +4,8 @@
  */
 import { Buffer } from "node:buffer";
 import { stringify } from "yaml";
-import type { DriverSpec } from "../api/types.ts";
-import { PROVISIONER } from "../api/types.ts";
+import type { DriverSpec, ExporterSet } from "../api/types.ts";
+import { DEFAULTS, PROVISIONER } from "../api/types.ts";
 import { type InstanceParams, type PullPolicy, QEMU_DRIVER_TYPE, qemuQuantity } from "../provision/params.ts";
 
 export interface Instance {
@@ -22,6 +22,22 @@ export interface Instance {
   token: string;
   /** PEM text, may be "". */
   caBundle: string;
+}
+
+/** One Exporter of a set as an instance: the set's drivers and recycle strategy over the resolved parameters. */
+export function instanceOf(
+  set: ExporterSet,
+  params: InstanceParams,
+  exporter: Pick<Instance, "name" | "uid" | "endpoint" | "token" | "caBundle">,
+): Instance {
+  return {
+    ...exporter,
+    namespace: set.metadata.namespace!,
+    setName: set.metadata.name!,
+    params,
+    drivers: set.spec.template?.spec?.drivers ?? [],
+    exitOnLeaseEnd: (set.spec.recycleStrategy ?? DEFAULTS.recycleStrategy) === "ExitAndReplace",
+  };
 }
 
 export interface RenderedFile {

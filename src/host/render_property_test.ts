@@ -37,22 +37,41 @@ import { type ApplyOptions, applyScript } from "./remote.ts";
 
 // ---------------------------------------------------------------- generators
 
-const k8sLabel = fc.stringMatching(/^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/);
+/** Valid names another YAML type claims: a namespace called "no" is a boolean to a YAML 1.1 reader. */
+const typedLabel = fc.constantFrom(
+  "no",
+  "on",
+  "yes",
+  "off",
+  "null",
+  "true",
+  "2024-01-01",
+  "0b101",
+  "1e3",
+  "0x1f",
+  "nan",
+);
+const k8sLabel = fc.oneof(
+  { weight: 6, arbitrary: fc.stringMatching(/^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/) },
+  { weight: 1, arbitrary: typedLabel },
+);
 /** A DNS-1123 subdomain as Kubernetes checks object names, up to its 253 characters (render allows 200). */
 const k8sSubdomain = fc.array(k8sLabel, { minLength: 1, maxLength: 5 }).map((l) => l.join("."))
   .filter((s) => s.length <= 253);
 const longSubdomain = fc.integer({ min: 190, max: 253 }).map((n) =>
   `${"a".repeat(62)}.`.repeat(4).slice(0, n - 1) + "z"
 );
-const uuid = fc.uuid();
 
-/** Identity fields as the API server admits them; now and then one is hostile (render is the last line of defence). */
 const validIdentity = fc.record({
   namespace: k8sLabel,
-  name: fc.oneof({ weight: 6, arbitrary: k8sSubdomain }, { weight: 1, arbitrary: longSubdomain }),
+  name: fc.oneof({ withCrossShrink: true }, { weight: 6, arbitrary: k8sSubdomain }, {
+    weight: 1,
+    arbitrary: longSubdomain,
+  }),
   setName: k8sSubdomain,
-  uid: uuid,
+  uid: fc.uuid(),
 });
+/** Identity fields as the API server admits them; now and then one is hostile (render is the last line of defence). */
 const identity = fc.oneof(
   { weight: 9, arbitrary: validIdentity },
   {

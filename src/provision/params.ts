@@ -35,6 +35,9 @@ export interface FieldError {
   message: string;
 }
 
+/** One line per error, as status messages, events and the CLI show them. */
+export const fieldErrorLine = (e: FieldError) => `${e.object} ${e.name}: ${e.field}: ${e.message}`;
+
 export type ResolveResult =
   | { ok: true; params: InstanceParams; warnings: string[] }
   | { ok: false; errors: FieldError[] };

@@ -23,10 +23,10 @@ import type { Recorder } from "../kube/events.ts";
 import type { Outcome } from "../kube/queue.ts";
 import type { Logger } from "../observe/log.ts";
 import type { Metrics } from "../observe/metrics.ts";
-import { type Instance, renderInstance } from "../host/render.ts";
+import { instanceOf, renderInstance } from "../host/render.ts";
 import type { HostOps } from "../host/lab.ts";
 import { SshError } from "../host/ssh.ts";
-import { type InstanceParams, resolveParams } from "./params.ts";
+import { fieldErrorLine, type InstanceParams, resolveParams } from "./params.ts";
 import {
   decodeSecretValue,
   type LabTarget,
@@ -194,7 +194,7 @@ function configuration(
   const ns = set.metadata.namespace!;
   const resolved = resolveParams(cls, set);
   if (!resolved.ok) {
-    const message = resolved.errors.map((e) => `${e.object} ${e.name}: ${e.field}: ${e.message}`).join("; ");
+    const message = resolved.errors.map(fieldErrorLine).join("; ");
     ctx.recorder.event(set, "Warning", "InvalidParameters", message);
     return { problems: [{ reason: "InvalidParameters", message }] };
   }
@@ -343,18 +343,13 @@ async function deploy(
 
   const token = decodeSecretValue(ctx.caches.secrets.get(ns, e.status!.credential!.name), "token");
   if (!token) throw new Error(`Secret ${ns}/${e.status!.credential!.name} has no token yet`);
-  const instance: Instance = {
-    namespace: ns,
+  const instance = instanceOf(set, params, {
     name,
     uid: e.metadata.uid!,
-    setName: set.metadata.name!,
-    params,
-    drivers: set.spec.template?.spec?.drivers ?? [],
-    exitOnLeaseEnd: withDefaults(set.spec).recycleStrategy === "ExitAndReplace",
     endpoint: e.status!.endpoint!,
     token,
     caBundle: caBundle(ctx, cls),
-  };
+  });
   const rendered = renderInstance(instance);
   const hash = createHash("sha256").update(JSON.stringify(rendered)).update(JSON.stringify(target)).digest("hex");
   const last = ctx.applied.get(e.metadata.uid!);
