@@ -44,7 +44,10 @@ export async function runController(o: RunOptions): Promise<number> {
     });
   }
 
+  // A 5 s keepalive notices a dead host within ~15 s; the pool's 15 s default would hold a worker for a minute.
   const pool = new SshPool({
+    keepaliveIntervalMs: 5_000,
+    keepaliveCountMax: 3,
     onHostKeyAccepted: async (t, line, fp) => {
       const target = t as LabTarget;
       log.warn(

@@ -314,6 +314,8 @@ step=start
 for u in "$RT" "$EX"; do
   if [ "$u" = "$EX" ] && [ "$ex_exited" = 1 ]; then continue; fi
   unit "$u"
+  # an exporter on its way out after a lease (ExitAndReplace) is let go: the next apply reports it exited
+  if [ "$u" = "$EX" ] && [ ${opts.keepExited ? 1 : 0} = 1 ] && [ "$active" = deactivating ]; then continue; fi
   case "$active" in
   active | activating | reloading) ;;
   *)
