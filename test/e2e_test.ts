@@ -5,81 +5,12 @@
  */
 import assert from "node:assert/strict";
 import { Buffer } from "node:buffer";
-import { freshNamespace, seedExample, testEnv, waitFor } from "./env.ts";
-import { startFakeJumpstarter } from "./fake_jumpstarter.ts";
-import { hostExec, type LabHost } from "./labhost/labhost.ts";
-import { KubeClient } from "../src/kube/client.ts";
-import { EXPORTER_SETS, EXPORTERS, SECRETS, VIRTUAL_TARGET_CLASSES } from "../src/kube/resources.ts";
-import type { Exporter, ExporterSet, KubeObject, Secret } from "../src/api/types.ts";
-import { SshPool } from "../src/host/ssh.ts";
-import { LabHosts } from "../src/host/lab.ts";
-import { Controller } from "../src/provision/controller.ts";
-import { FINALIZER, HOST_ANNOTATION, pinHostKey } from "../src/provision/reconciler.ts";
-import type { LabTarget } from "../src/provision/credentials.ts";
-import { createLogger } from "../src/observe/log.ts";
-
-const SEED_HOST = "lab-host-01.example.com";
-const SET = "aarch64-ssh-pool";
-
-interface World {
-  client: KubeClient;
-  ns: string;
-  host: LabHost;
-  controller: Controller;
-  hosts: LabHosts;
-  stop(): Promise<void>;
-}
-
-async function world(opts: { resyncMs?: number } = {}): Promise<World> {
-  const env = await testEnv();
-  const client = await KubeClient.load(env.kubeconfig);
-  const ns = await freshNamespace(client, "e2e");
-  const host = env.labhosts[0];
-  const fake = startFakeJumpstarter(client, ns);
-  const pool = new SshPool({ onHostKeyAccepted: (t, line) => pinHostKey(client, t as LabTarget, line) });
-  const hosts = new LabHosts(pool, { hostAliases: { [SEED_HOST]: host.address } });
-  const controller = new Controller({
-    client,
-    hosts,
-    log: createLogger({ level: Deno.env.get("QSP_TEST_LOG") ? "debug" : "error" }),
-    provisioner: "qemu-ssh.jumpstarter.dev",
-    namespace: ns,
-    resyncMs: opts.resyncMs ?? 60_000,
-    sweepMs: 3_600_000,
-  });
-  await controller.start();
-  return {
-    client,
-    ns,
-    host,
-    controller,
-    hosts,
-    async stop() {
-      await controller.stop();
-      await fake.stop();
-      await pool.close();
-      client.close();
-    },
-  };
-}
-
-async function applySeed(w: World, setOverride: (s: ExporterSet) => void = () => {}) {
-  const key = await Deno.readTextFile(w.host.privateKeyPath);
-  // What step 2's `kubectl create secret generic lab-ssh-key --from-file=ssh-privatekey=...` creates.
-  await w.client.create<Secret>(SECRETS, {
-    metadata: { name: "lab-ssh-key", namespace: w.ns },
-    type: "Opaque",
-    data: { "ssh-privatekey": Buffer.from(key).toString("base64") },
-  });
-  await w.client.create(VIRTUAL_TARGET_CLASSES, await seedExample("virtualtargetclass.yaml", w.ns));
-  const set = await seedExample("exporterset.yaml", w.ns) as ExporterSet;
-  setOverride(set);
-  await w.client.create(EXPORTER_SETS, set as KubeObject);
-}
-
-const exporters = async (w: World) => (await w.client.list<Exporter>(EXPORTERS, w.ns)).items;
-const getSet = (w: World) => w.client.get<ExporterSet>(EXPORTER_SETS, w.ns, SET);
-const cond = (s: ExporterSet, type: string) => s.status?.conditions?.find((c) => c.type === type);
+import { hostExec } from "./labhost/labhost.ts";
+import { EXPORTER_SETS, EXPORTERS, SECRETS } from "../src/kube/resources.ts";
+import type { Secret } from "../src/api/types.ts";
+import { FINALIZER, HOST_ANNOTATION } from "../src/provision/reconciler.ts";
+import { waitFor } from "./env.ts";
+import { applySeed, cond, exporters, getSet, hostHas, SEED_HOST, SET, type World, world } from "./e2e_world.ts";
 
 async function onHost(w: World, name: string) {
   const r = await hostExec(
@@ -90,17 +21,6 @@ async function onHost(w: World, name: string) {
       `journalctl -o cat --no-pager -u ${name}-exporter.service | grep 'standin-exporter: name=' | tail -n 1`,
   );
   return r.stdout;
-}
-
-async function hostIsClean(w: World, name: string) {
-  const r = await hostExec(
-    w.host,
-    `ls /etc/containers/systemd/ /etc/jumpstarter/exporters/ 2>/dev/null | grep -c ${name} || true; ` +
-      `podman ps -a --format '{{.Names}}' | grep -c ${name} || true; ` +
-      `podman volume ls -q | grep -c ${name} || true; ` +
-      `systemctl list-units --all --no-legend '${name}-*' | grep -c . || true`,
-  );
-  return r.stdout.trim().split("\n").every((n) => n.trim() === "0");
 }
 
 Deno.test({
@@ -148,7 +68,7 @@ Deno.test({
 
       await w.client.delete(EXPORTER_SETS, w.ns, SET);
       await waitFor(async () => (await exporters(w)).length === 0, { what: "exporters gone", timeoutMs: 60_000 });
-      assert.ok(await hostIsClean(w, name), "no unit, container, volume or file left on the host");
+      assert.ok(!(await hostHas(w.host, name)), "no unit, container, volume or file left on the host");
     } finally {
       await w.stop();
     }
