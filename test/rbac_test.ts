@@ -7,8 +7,7 @@
  */
 import assert from "node:assert/strict";
 import { Buffer } from "node:buffer";
-import { parse, stringify } from "yaml";
-import { freshNamespace, seedExample, type TestEnv, testEnv, waitFor } from "./env.ts";
+import { freshNamespace, seedExample, testEnv, waitFor } from "./env.ts";
 import { startFakeJumpstarter } from "./fake_jumpstarter.ts";
 import { hostExec, type LabHost } from "./labhost/labhost.ts";
 import { KubeClient, type Resource, resourcePath } from "../src/kube/client.ts";
@@ -21,18 +20,21 @@ import { pinHostKey } from "../src/provision/reconciler.ts";
 import type { LabTarget } from "../src/provision/credentials.ts";
 import { acquireLeadership } from "../src/kube/leader.ts";
 import { createLogger } from "../src/observe/log.ts";
+import {
+  DEPLOYMENTS,
+  inNamespace,
+  installControllerRbac,
+  manifest,
+  MANIFESTS,
+  type PolicyRule,
+  ROLE_BINDINGS,
+  ROLES,
+  SERVICE_ACCOUNTS,
+} from "./rbac.ts";
 
 const SEED_HOST = "lab-host-01.example.com";
 const SET = "aarch64-ssh-pool";
 const PROVISIONER = "qemu-ssh.jumpstarter.dev";
-const MANIFESTS = new URL("../manifests/", import.meta.url);
-
-interface PolicyRule {
-  apiGroups: string[];
-  resources: string[];
-  verbs: string[];
-  resourceNames?: string[];
-}
 
 /**
  * The Role the Jumpstarter operator gives every exporter-set provisioner (exporterSetPolicyRules in
@@ -120,10 +122,6 @@ const covers = (g: string, u: string) => {
   const [ug, ur, uv, un] = u.split(" ");
   return gg === ug && gr === ur && gv === uv && (gn === "*" || gn === un);
 };
-
-async function manifest<T = KubeObject>(file: string): Promise<T> {
-  return parse(await Deno.readTextFile(new URL(file, MANIFESTS))) as T;
-}
 
 const ourRules = async () => (await manifest<{ rules: PolicyRule[] }>("role.yaml")).rules;
 
@@ -215,24 +213,6 @@ Deno.test("manifests: the Deployment, ServiceAccount and RBAC are what the Jumps
 
 // ---------------------------------------------------------------- against the API server
 
-const SERVICE_ACCOUNTS: Resource = { group: "", version: "v1", plural: "serviceaccounts", kind: "ServiceAccount" };
-const ROLES: Resource = { group: "rbac.authorization.k8s.io", version: "v1", plural: "roles", kind: "Role" };
-const ROLE_BINDINGS: Resource = {
-  group: "rbac.authorization.k8s.io",
-  version: "v1",
-  plural: "rolebindings",
-  kind: "RoleBinding",
-};
-const DEPLOYMENTS: Resource = { group: "apps", version: "v1", plural: "deployments", kind: "Deployment" };
-
-/** A manifest retargeted to a namespace (the RoleBinding's subject too). */
-async function inNamespace<T extends KubeObject>(file: string, ns: string): Promise<T> {
-  const o = await manifest<T & { subjects?: { namespace?: string }[] }>(file);
-  o.metadata.namespace = ns;
-  for (const s of o.subjects ?? []) s.namespace = ns;
-  return o;
-}
-
 Deno.test({
   name: "manifests: the API server accepts every namespaced manifest (server-side dry run)",
   sanitizeResources: false,
@@ -259,34 +239,6 @@ Deno.test({
     }
   },
 });
-
-/**
- * A kubeconfig that authenticates as the ServiceAccount itself, with a token from the TokenRequest API: its real
- * identity and groups, as in a Pod. (A client certificate cannot carry it: `system:serviceaccount:<ns>:<name>` is
- * longer than the 64 characters a certificate's CN may have.)
- */
-async function serviceAccountKubeconfig(env: TestEnv, admin: KubeClient, ns: string, sa: string, dir: string) {
-  const req = await admin.request<{ status: { token: string } }>(
-    "POST",
-    `${resourcePath(SERVICE_ACCOUNTS, { namespace: ns, name: sa })}/token`,
-    { body: { apiVersion: "authentication.k8s.io/v1", kind: "TokenRequest", spec: { expirationSeconds: 3600 } } },
-  );
-  const cluster = parse(await Deno.readTextFile(env.kubeconfig)).clusters[0].cluster;
-  const path = `${dir}/kubeconfig`;
-  await Deno.writeTextFile(
-    path,
-    stringify({
-      apiVersion: "v1",
-      kind: "Config",
-      clusters: [{ name: "qsp", cluster }],
-      users: [{ name: sa, user: { token: req.status.token } }],
-      contexts: [{ name: "qsp", context: { cluster: "qsp", user: sa } }],
-      "current-context": "qsp",
-    }),
-    { mode: 0o600 },
-  );
-  return path;
-}
 
 /** The RBAC grant ("group resource verb name") one request needs, named as in `grants`. */
 function grantOf(method: string, path: string, query: Record<string, unknown> = {}): string {
@@ -320,13 +272,7 @@ async function wholeJobAs(rules: PolicyRule[], prefix: string, host: LabHost): P
   const admin = await KubeClient.load(env.kubeconfig);
   const dir = await Deno.makeTempDir({ prefix: "qsp-rbac-" });
   const ns = await freshNamespace(admin, prefix);
-  const sa = await inNamespace("serviceaccount.yaml", ns);
-  const role = await inNamespace<KubeObject & { rules: PolicyRule[] }>("role.yaml", ns);
-  role.rules = rules;
-  await admin.create(SERVICE_ACCOUNTS, sa);
-  await admin.create(ROLES, role);
-  await admin.create(ROLE_BINDINGS, await inNamespace("rolebinding.yaml", ns));
-  const kubeconfig = await serviceAccountKubeconfig(env, admin, ns, sa.metadata.name!, dir);
+  const kubeconfig = await installControllerRbac(admin, env.kubeconfig, ns, dir, rules);
   const client = await KubeClient.load(kubeconfig);
   const used = new Set<string>();
   const paths = new Set<string>();

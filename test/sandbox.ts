@@ -13,6 +13,7 @@ import { Buffer } from "node:buffer";
 import { startControlPlane, stopControlPlane } from "./controlplane/controlplane.ts";
 import { hostExec, type LabHost, type LabNet, startLabHosts, stopLabHosts } from "./labhost/labhost.ts";
 import { installCrds, seedExample, waitFor } from "./env.ts";
+import { installControllerRbac } from "./rbac.ts";
 import { startFakeJumpstarter } from "./fake_jumpstarter.ts";
 import { isConflict, KubeClient } from "../src/kube/client.ts";
 import { EXPORTER_SETS, EXPORTERS, NAMESPACES, SECRETS, VIRTUAL_TARGET_CLASSES } from "../src/kube/resources.ts";
@@ -135,16 +136,24 @@ async function demo(): Promise<void> {
   // Steps 3 and 4, as written.
   await ensure(client, VIRTUAL_TARGET_CLASSES, await seedExample("virtualtargetclass.yaml", NAMESPACE));
   await ensure(client, EXPORTER_SETS, await seedExample("exporterset.yaml", NAMESPACE));
+  // As the operator deploys it: the manifests' ServiceAccount and namespaced Role, not cluster-admin.
+  const controllerKubeconfig = await installControllerRbac(client, kubeconfig, NAMESPACE, DIR);
   await daemon("controller", [
     "run",
     "-A",
     "main.ts",
     "--kubeconfig",
-    kubeconfig,
+    controllerKubeconfig,
+    `--namespace=${NAMESPACE}`,
+    "--leader-elect",
     "--health-probe-bind-address=127.0.0.1:0",
     `--host-alias=${SEED_HOST}=${host.address}`,
   ]);
-  console.log("controller started (log: .sandbox/controller.log); waiting for the ExporterSet to become Available");
+  console.log(
+    "controller started as ServiceAccount jumpstarter/" +
+      "jumpstarter-exporterset-qemu-ssh-jumpstarter-dev with manifests/role.yaml (log: .sandbox/controller.log); " +
+      "waiting for the ExporterSet to become Available",
+  );
   const t0 = performance.now();
   const set = await waitFor(async () => {
     const s = await client.get<ExporterSet>(EXPORTER_SETS, NAMESPACE, "aarch64-ssh-pool");
