@@ -48,6 +48,7 @@ export async function runController(o: RunOptions): Promise<number> {
   const pool = new SshPool({
     keepaliveIntervalMs: 5_000,
     keepaliveCountMax: 3,
+    onConnect: (t) => metrics.sshConnections.inc({ host: t.host }),
     onHostKeyAccepted: async (t, line, fp) => {
       const target = t as LabTarget;
       log.warn(
@@ -58,6 +59,9 @@ export async function runController(o: RunOptions): Promise<number> {
       await pinHostKey(client, target, line);
     },
   });
+  metrics.gauge("rest_client_requests_total", "Requests this process sent to the API server.", () => [
+    [{}, client.requests],
+  ], "counter");
   const controller = new Controller({
     client,
     hosts: new LabHosts(pool, { hostAliases: o.hostAliases, metrics }),

@@ -67,16 +67,12 @@ export class LabHosts implements HostOps {
   private async run(target: SshTarget, script: string) {
     const address = this.opts.hostAliases?.[target.host];
     const started = performance.now();
-    const before = this.pool.stats().connectionsOpened;
     try {
       return await this.pool.exec(address ? { ...target, address } : target, shellCommand(target.user), {
         stdin: script,
       });
     } finally {
-      const m = this.opts.metrics;
-      m?.sshCommandSeconds.observe({ host: target.host }, (performance.now() - started) / 1000);
-      const opened = this.pool.stats().connectionsOpened - before;
-      if (opened > 0) m?.sshConnections.inc({ host: target.host }, opened);
+      this.opts.metrics?.sshCommandSeconds.observe({ host: target.host }, (performance.now() - started) / 1000);
     }
   }
 

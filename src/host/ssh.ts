@@ -91,6 +91,8 @@ export interface SshPoolOptions {
    * proceeds only after this resolves; if it throws, the key is not trusted (so nothing runs on an unpinned host).
    */
   onHostKeyAccepted?: (t: SshTarget, knownHostsLine: string, fingerprint: string) => Promise<void> | void;
+  /** Called once per connection established (authenticated), for metrics. */
+  onConnect?: (t: SshTarget) => void;
 }
 
 export interface SshPoolStats {
@@ -147,7 +149,7 @@ const DEFAULTS = {
 };
 
 export class SshPool {
-  readonly #opts: typeof DEFAULTS & Pick<SshPoolOptions, "onHostKeyAccepted">;
+  readonly #opts: typeof DEFAULTS & Pick<SshPoolOptions, "onHostKeyAccepted" | "onConnect">;
   readonly #conns = new Map<string, Conn>();
   readonly #connecting = new Map<string, Promise<Conn>>();
   readonly #failures = new Map<string, Failure>();
@@ -167,7 +169,7 @@ export class SshPool {
       }
     }
     if (o.maxChannels < 1) throw new RangeError("SshPoolOptions.maxChannels must be >= 1");
-    this.#opts = { ...o, onHostKeyAccepted: opts.onHostKeyAccepted };
+    this.#opts = { ...o, onHostKeyAccepted: opts.onHostKeyAccepted, onConnect: opts.onConnect };
   }
 
   async exec(
@@ -400,6 +402,7 @@ export class SshPool {
           alive: true,
         };
         this.#stats.connectionsOpened++;
+        this.#opts.onConnect?.(target);
         this.#conns.set(poolKey, conn);
         resolve(conn);
       });

@@ -32,17 +32,18 @@ export class Counter extends Metric {
   }
 }
 
+/** A value read at scrape time from where it is kept (queue depth, instance counts, a request counter). */
 export class Gauge extends Metric {
-  private readonly values = new Map<string, number>();
-  constructor(name: string, help: string, private readonly collect?: () => [Labels, number][]) {
-    super(name, help, "gauge");
-  }
-  set(labels: Labels, v: number): void {
-    this.values.set(labelKey(labels), v);
+  constructor(
+    name: string,
+    help: string,
+    private readonly collect: () => [Labels, number][],
+    type: "gauge" | "counter" = "gauge",
+  ) {
+    super(name, help, type);
   }
   samples(): string[] {
-    const fresh = this.collect?.().map(([l, v]) => [labelKey(l), v] as const) ?? [...this.values];
-    return fresh.map(([k, v]) => `${this.name}${braces(k)} ${v}`);
+    return this.collect().map(([l, v]) => `${this.name}${braces(labelKey(l))} ${v}`);
   }
 }
 
@@ -83,12 +84,11 @@ export class Metrics {
   readonly sshCommandSeconds = new Histogram("qemu_ssh_command_seconds", "SSH command round trips per host.");
   readonly sshConnections = new Counter("qemu_ssh_connections_opened_total", "SSH connections opened per host.");
   readonly deploySeconds = new Histogram("qemu_ssh_deploy_seconds", "Time to apply one instance on its host.");
-  readonly instances = new Gauge("qemu_ssh_instances", "Instances per host and state.");
   private readonly extra: Metric[] = [];
 
-  /** Adds a gauge computed at scrape time (queue depth, open connections). */
-  gauge(name: string, help: string, collect: () => [Labels, number][]): void {
-    this.extra.push(new Gauge(name, help, collect));
+  /** Adds a value read at scrape time (queue depth; a counter kept elsewhere, with type "counter"). */
+  gauge(name: string, help: string, collect: () => [Labels, number][], type: "gauge" | "counter" = "gauge"): void {
+    this.extra.push(new Gauge(name, help, collect, type));
   }
 
   render(): string {
@@ -99,7 +99,6 @@ export class Metrics {
       this.sshCommandSeconds,
       this.sshConnections,
       this.deploySeconds,
-      this.instances,
       ...this.extra,
     ];
     return all.map((m) => m.render()).join("\n") + "\n";

@@ -97,6 +97,17 @@ export class Controller {
       "Keys waiting in the work queue.",
       () => [[{ name: "exporterset" }, this.queue.depth()]],
     );
+    this.metrics.gauge("qemu_ssh_instances", "Instances per lab host and state, as last applied.", () => {
+      const counts = new Map<string, number>();
+      for (const a of this.ctx.applied.values()) {
+        const key = `${a.host}\n${a.exited ? "exited" : a.ready ? "ready" : "not-ready"}`;
+        counts.set(key, (counts.get(key) ?? 0) + 1);
+      }
+      return [...counts].map(([k, n]) => {
+        const [host, state] = k.split("\n");
+        return [{ host, state }, n];
+      });
+    });
     this.route();
   }
 

@@ -183,12 +183,12 @@ export function resolveParams(cls: VirtualTargetClass, set: ExporterSet): Resolv
   // Unknown keys, reported on each object separately so the message names where the typo is.
   for (const [ref, params] of [[clsRef, clsParams], [setRef, setParams]] as const) {
     for (const [k, v] of Object.entries(params)) {
-      const known = KNOWN[k];
+      const known = Object.hasOwn(KNOWN, k) ? KNOWN[k] : undefined;
       if (known === undefined) {
         warnings.push(unknownKey(ref, [k], Object.keys(KNOWN)));
       } else if (known !== true && isMap(v)) {
         for (const sub of Object.keys(v)) {
-          if (!known[sub]) warnings.push(unknownKey(ref, [k, sub], Object.keys(known)));
+          if (!Object.hasOwn(known, sub)) warnings.push(unknownKey(ref, [k, sub], Object.keys(known)));
         }
       }
     }

@@ -42,28 +42,16 @@ function envNumber(name: string): number | undefined {
 /** Fixed so a CI failure reproduces anywhere; QSP_PROPERTY_SEED (and QSP_PROPERTY_RUNS) explore further. */
 export const TEST_SEED = envNumber("QSP_PROPERTY_SEED") ?? 0x5eed;
 
-export interface PropertyOutcome {
-  runs: number;
-  failed: boolean;
-  /** fast-check's report: seed, shrink path, minimal counterexample and the error. */
-  report?: string;
-}
-
-export async function checkProperty(p: NamedProperty, runs: number, seed: number): Promise<PropertyOutcome> {
-  const details = await fc.check(p.property(), { numRuns: runs, seed, endOnFailure: false });
-  return {
-    runs: details.numRuns,
-    failed: details.failed,
-    report: details.failed ? fc.defaultReportMessage(details) : undefined,
-  };
-}
-
 export function registerProperties(props: NamedProperty[]) {
   for (const p of props) {
     Deno.test(`property: ${p.name}`, async () => {
-      const seed = TEST_SEED;
-      const out = await checkProperty(p, envNumber("QSP_PROPERTY_RUNS") ?? p.runs, seed);
-      if (out.failed) throw new Error(`${out.report}\n\nreproduce with QSP_PROPERTY_SEED=${seed}`);
+      const details = await fc.check(p.property(), {
+        numRuns: envNumber("QSP_PROPERTY_RUNS") ?? p.runs,
+        seed: TEST_SEED,
+      });
+      if (details.failed) {
+        throw new Error(`${fc.defaultReportMessage(details)}\n\nreproduce with QSP_PROPERTY_SEED=${TEST_SEED}`);
+      }
     });
   }
 }

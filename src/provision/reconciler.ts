@@ -75,6 +75,7 @@ export interface Context {
 export interface AppliedState {
   hash: string;
   at: number;
+  host: string;
   ready: boolean;
   exited: boolean;
   /** Jumpstarter's offline report (see offlineMarker) as it stood when this apply ran. */
@@ -115,15 +116,12 @@ export async function reconcile(ctx: Context, key: string): Promise<Outcome> {
   }
 
   const { params, target, problems } = configuration(ctx, set, cls);
-  // 1. Exporters being deleted: tear down on the host first, then let them go.
-  const live: Exporter[] = [];
-  for (const e of owned) {
-    if (!e.metadata.deletionTimestamp) live.push(e);
-    else {
-      const p = await finalize(ctx, set, e, target);
-      if (p) problems.push(p);
-    }
-  }
+  // 1. Exporters being deleted: tear down on the host first (all at once), then let them go.
+  const live = owned.filter((e) => !e.metadata.deletionTimestamp);
+  const finalized = await Promise.all(
+    owned.filter((e) => e.metadata.deletionTimestamp).map((e) => finalize(ctx, set, e, target)),
+  );
+  problems.push(...finalized.filter((p): p is Problem => p !== undefined));
   // 2. Deploy or refresh what has credentials.
   const { states, waiting } = params && target
     ? await deployAll(ctx, set, cls, live, params, target, problems)
@@ -374,7 +372,14 @@ async function deploy(
   } else if (report.changed.length) {
     ctx.recorder.event(e, "Normal", "Updated", `updated on ${target.host}: ${report.changed.join(", ")}`);
   }
-  const state: AppliedState = { hash, at: now, ready: report.ready, exited: report.exited, offline };
+  const state: AppliedState = {
+    hash,
+    at: now,
+    host: target.host,
+    ready: report.ready,
+    exited: report.exited,
+    offline,
+  };
   ctx.applied.set(e.metadata.uid!, state);
   if (e.metadata.annotations?.[HOST_ANNOTATION] !== target.host || previous !== where) {
     await annotate(ctx, e, { [HOST_ANNOTATION]: target.host });
@@ -534,16 +539,12 @@ async function removeInstance(
  * instances with the credentials of the class they were deployed with, if it is still there.
  */
 async function orphaned(ctx: Context, ns: string, owned: Exporter[]): Promise<Outcome> {
-  const problems: Problem[] = [];
-  for (const e of owned) {
-    if (!e.metadata.deletionTimestamp) {
-      await ctx.client.delete(EXPORTERS, ns, e.metadata.name!);
-      continue;
-    }
-    // one unreachable host must not keep the instances on the others
-    const p = await finalize(ctx, e, e, deployedTarget(ctx, e));
-    if (p) problems.push(p);
-  }
+  // in parallel, as deploys are: one unreachable host must not hold up the instances on the others
+  const results = await Promise.all(owned.map(async (e) => {
+    if (e.metadata.deletionTimestamp) return await finalize(ctx, e, e, deployedTarget(ctx, e));
+    await ctx.client.delete(EXPORTERS, ns, e.metadata.name!);
+  }));
+  const problems = results.filter((p): p is Problem => p !== undefined);
   if (problems.length) return { requeueAfterMs: retryAfterMs(ctx, problems) };
   return owned.length ? { requeueAfterMs: 1_000 } : {};
 }
