@@ -13,6 +13,14 @@ const bridge = Deno.env.get("QSP_LAB_BRIDGE") ?? "qsplabt";
 const LAB: LabNet = { dir: `/tmp/qsp-test-${bridge}`, bridge, subnet: Deno.env.get("QSP_LAB_SUBNET") ?? "10.76.0" };
 const TEST_LAB_HOSTS = 2;
 
+// Two runs on one lab network would share (and tear down) each other's hosts: the second one stops here instead.
+const lock = await Deno.open(`/tmp/qsp-test-${bridge}.lock`, { create: true, write: true });
+const locked = await Promise.race([lock.lock(true).then(() => true), new Promise((r) => setTimeout(r, 2000, false))]);
+if (!locked) {
+  console.error(`[test] another test run uses lab network ${bridge}: set QSP_LAB_BRIDGE and QSP_LAB_SUBNET to others`);
+  Deno.exit(1);
+}
+
 const dir = await Deno.makeTempDir({ prefix: "qsp-test-" });
 const t0 = performance.now();
 const secs = () => ((performance.now() - t0) / 1000).toFixed(1);
