@@ -10,7 +10,24 @@ import { EXPORTER_SETS, EXPORTERS, SECRETS } from "../src/kube/resources.ts";
 import type { Secret } from "../src/api/types.ts";
 import { FINALIZER, HOST_ANNOTATION } from "../src/provision/reconciler.ts";
 import { waitFor } from "./env.ts";
-import { applySeed, cond, exporters, getSet, hostHas, SEED_HOST, SET, type World, world } from "./e2e_world.ts";
+import {
+  applySeed,
+  cond,
+  createClass,
+  createKeySecret,
+  createSet,
+  events,
+  exporters,
+  getSet,
+  hostHas,
+  ownedBy,
+  SEED_HOST,
+  SET,
+  unitStates,
+  waitReady,
+  type World,
+  world,
+} from "./e2e_world.ts";
 
 async function onHost(w: World, name: string) {
   const r = await hostExec(
@@ -62,6 +79,19 @@ Deno.test({
       assert.match(seen, /exitOnLeaseEnd=true/);
       assert.match(seen, /token=<set>/);
 
+      // The feature description's troubleshooting commands show the instance on the host, as written there.
+      const ps = await hostExec(w.host, `podman ps -a --filter "name=-(runtime|exporter)$" --format '{{.Names}}'`);
+      assert.deepEqual(ps.stdout.trim().split("\n").filter((n) => n.startsWith(name)).sort(), [
+        `${name}-exporter`,
+        `${name}-runtime`,
+      ]);
+      const ls = await hostExec(
+        w.host,
+        "ls /etc/containers/systemd/*.container; cat /etc/jumpstarter/exporters/*.yaml",
+      );
+      assert.match(ls.stdout, new RegExp(`/etc/containers/systemd/${name}-runtime.container`));
+      assert.match(ls.stdout, new RegExp(`name: ${name}\n`));
+
       // TOFU: the seed's Secret has no known_hosts, so the host key was pinned.
       const pinned = await w.client.get<Secret>(SECRETS, w.ns, "qemu-ssh-known-hosts");
       assert.match(Buffer.from(pinned.data!.known_hosts, "base64").toString(), new RegExp(`^${SEED_HOST} ssh-`, "m"));
@@ -108,6 +138,88 @@ Deno.test({
       assert.equal(left[0].metadata.name, first.metadata.name, "the older, warm exporter stays");
     } finally {
       await w.stop();
+    }
+  },
+});
+
+Deno.test({
+  name: "e2e: `kubectl scale` sets maxReplicas through the scale subresource; a lease over the cap is ScalingLimited",
+  sanitizeOps: false,
+  sanitizeResources: false,
+  async fn() {
+    const w = await world();
+    try {
+      await applySeed(w);
+      const [first] = await waitFor(async () => {
+        const es = await exporters(w);
+        return es.length === 1 && es[0].metadata.annotations?.[HOST_ANNOTATION] ? es : undefined;
+      }, { what: "first exporter deployed", timeoutMs: 90_000 });
+      // What `kubectl scale exportersets/aarch64-ssh-pool --replicas=1` sends.
+      const path = `/apis/virtualtarget.jumpstarter.dev/v1alpha1/namespaces/${w.ns}/exportersets/${SET}/scale`;
+      const scale = await w.client.request<
+        { spec: { replicas: number }; status: { replicas: number; selector: string } }
+      >(
+        "GET",
+        path,
+      );
+      assert.equal(scale.spec.replicas, 4);
+      assert.equal(scale.status.selector, "arch=aarch64,board=aarch64-qemu,virtual=true");
+      await w.client.request("PATCH", path, {
+        body: { spec: { replicas: 1 } },
+        contentType: "application/merge-patch+json",
+      });
+      assert.equal((await getSet(w)).spec.maxReplicas, 1);
+      await w.client.mergePatch(
+        EXPORTERS,
+        w.ns,
+        first.metadata.name!,
+        { status: { leaseRef: { name: "l" } } },
+        "status",
+      );
+      const limited = await waitFor(async () => {
+        const s = await getSet(w);
+        return cond(s, "ScalingLimited")?.status === "True" ? s : undefined;
+      }, { what: "ScalingLimited once a lease wants a second exporter over maxReplicas 1", timeoutMs: 60_000 });
+      assert.equal(cond(limited, "ScalingLimited")?.reason, "AtMaxReplicas");
+      assert.match(cond(limited, "ScalingLimited")!.message!, /raise maxReplicas/);
+      assert.equal((await exporters(w)).length, 1, "no exporter beyond the cap");
+    } finally {
+      await w.stop();
+    }
+  },
+});
+
+Deno.test({
+  name: "e2e: reclaimPolicy Retain leaves the instances running when the set is deleted, and says so",
+  sanitizeOps: false,
+  sanitizeResources: false,
+  async fn() {
+    const w = await world();
+    let name = "";
+    try {
+      await createKeySecret(w);
+      await createClass(w, (c) => c.spec.reclaimPolicy = "Retain");
+      await createSet(w);
+      // a second set on the same host keeps that host in the orphan sweep
+      await createSet(w, (s) => Object.assign(s.metadata, { name: "idle-pool" }) && (s.spec.minAvailableReplicas = 0));
+      name = (await waitReady(w, 1))[0].metadata.name!;
+      await w.client.delete(EXPORTER_SETS, w.ns, SET);
+      await waitFor(async () => (await exporters(w)).every((e) => !ownedBy(e, SET)), {
+        what: "the set's Exporters gone",
+        timeoutMs: 60_000,
+      });
+      assert.equal(await w.controller.sweep(), 0, "the sweep leaves a retained instance alone");
+      assert.equal(await unitStates(w.host, name), "active active", "still running on the host");
+      const retained = (await events(w)).find((e) => e.reason === "Retained");
+      assert.match(retained?.message ?? "", new RegExp(`${name} keeps running on root@${SEED_HOST}:22`));
+    } finally {
+      await w.stop();
+      if (name) {
+        await hostExec(
+          w.host,
+          `systemctl stop ${name}-exporter ${name}-runtime; rm -rf /etc/containers/systemd/${name}-* /etc/jumpstarter/exporters/${name}*; podman rm -f ${name}-exporter ${name}-runtime; podman volume rm -f jumpstarter-${name}-shared; systemctl daemon-reload`,
+        );
+      }
     }
   },
 });

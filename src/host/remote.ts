@@ -555,6 +555,8 @@ export interface InspectedInstance {
   uid?: string;
   /** Files found by kind (runtime and exporter quadlets, config): fewer than three is a half-deployed instance. */
   files: { kind: "runtime" | "exporter" | "config"; path: string }[];
+  /** Deployed under reclaimPolicy Retain: kept on the host when its ExporterSet is deleted. */
+  retain?: boolean;
   /** Files whose ownership lines disagree (someone copied files around): do not trust the owner fields. */
   ownerMismatch: boolean;
   runtime?: { load: string; active: string; sub: string };
@@ -670,8 +672,10 @@ export function parseInspectOutput(stdout: string, stderr: string, exitCode: num
       const i = instance(name);
       i.files.push({ kind: fileKind as InspectedInstance["files"][number]["kind"], path });
       const kv = Object.fromEntries(owner.map((p) => p.split("=", 2) as [string, string]));
-      if (i.uid === undefined) Object.assign(i, { namespace: kv.namespace, set: kv.set, uid: kv.uid });
-      else if (i.uid !== kv.uid || i.namespace !== kv.namespace) i.ownerMismatch = true;
+      if (i.uid === undefined) {
+        Object.assign(i, { namespace: kv.namespace, set: kv.set, uid: kv.uid });
+        if (kv.reclaim === "Retain") i.retain = true;
+      } else if (i.uid !== kv.uid || i.namespace !== kv.namespace) i.ownerMismatch = true;
     } else if (kind === "unit") units[w[0]] = { load: w[1], active: w[2], sub: w[3] };
     else if (kind === "container") instance(w[0]).containers.push({ name: w[1], state: w[2], uid: w[3] });
     else if (kind === "volume") instance(w[0].replace(/^jumpstarter-/, "").replace(/-shared$/, "")).volume = true;

@@ -22,13 +22,15 @@ export interface Instance {
   token: string;
   /** PEM text, may be "". */
   caBundle: string;
+  /** reclaimPolicy Retain: recorded on the host so the orphan sweep leaves the instance of a deleted set alone. */
+  retain?: boolean;
 }
 
 /** One Exporter of a set as an instance: the set's drivers and recycle strategy over the resolved parameters. */
 export function instanceOf(
   set: ExporterSet,
   params: InstanceParams,
-  exporter: Pick<Instance, "name" | "uid" | "endpoint" | "token" | "caBundle">,
+  exporter: Pick<Instance, "name" | "uid" | "endpoint" | "token" | "caBundle" | "retain">,
 ): Instance {
   return {
     ...exporter,
@@ -112,8 +114,9 @@ export function unitValue(v: string): string {
   return v.replaceAll("%", "%%");
 }
 
-export function ownerLine(inst: Pick<Instance, "namespace" | "setName" | "name" | "uid">): string {
-  return `${OWNER_PREFIX}namespace=${inst.namespace} set=${inst.setName} exporter=${inst.name} uid=${inst.uid}`;
+export function ownerLine(inst: Pick<Instance, "namespace" | "setName" | "name" | "uid" | "retain">): string {
+  const retain = inst.retain ? " reclaim=Retain" : "";
+  return `${OWNER_PREFIX}namespace=${inst.namespace} set=${inst.setName} exporter=${inst.name}${retain} uid=${inst.uid}`;
 }
 
 export function renderInstance(inst: Instance): RenderedInstance {

@@ -211,6 +211,8 @@ export class Controller {
     for (const inst of inspection.instances) {
       if (this.opts.namespace && inst.namespace !== this.opts.namespace) continue; // not ours to judge
       if (inst.uid && known.has(inst.uid)) continue;
+      // reclaimPolicy Retain: the instance of a deleted set stays (a leftover of a live set is still swept)
+      if (inst.retain && !this.caches.sets.get(inst.namespace, inst.set ?? "")) continue;
       if (inst.ownerMismatch) {
         this.opts.log.warn("not sweeping an instance whose files disagree about their owner", {
           host: target.host,

@@ -42,6 +42,8 @@ export const HOST_ANNOTATION = "qemu-ssh.jumpstarter.dev/host";
 /** Where an instance was deployed (user@host:port), so teardown finds it even after the set's host changed. */
 export const TARGET_ANNOTATION = "qemu-ssh.jumpstarter.dev/ssh-target";
 export const SET_LABEL = "qemu-ssh.jumpstarter.dev/exporter-set";
+/** Set to "Retain" when the class's reclaimPolicy is Retain: the instance outlives the deletion of its set. */
+export const RECLAIM_ANNOTATION = "qemu-ssh.jumpstarter.dev/reclaim-policy";
 const DEFAULT_CA_CONFIGMAP = { name: "jumpstarter-service-ca-cert", key: "ca.crt" };
 
 export interface Caches {
@@ -347,6 +349,7 @@ async function deploy(
     endpoint: e.status!.endpoint!,
     token,
     caBundle: caBundle(ctx, cls),
+    retain: cls.spec.reclaimPolicy === "Retain",
   });
   const rendered = renderInstance(instance);
   const hash = createHash("sha256").update(JSON.stringify(rendered)).update(JSON.stringify(target)).digest("hex");
@@ -381,8 +384,12 @@ async function deploy(
     offline,
   };
   ctx.applied.set(e.metadata.uid!, state);
-  if (e.metadata.annotations?.[HOST_ANNOTATION] !== target.host || previous !== where) {
-    await annotate(ctx, e, { [HOST_ANNOTATION]: target.host });
+  const reclaim = instance.retain ? "Retain" : undefined;
+  const annotations = e.metadata.annotations ?? {};
+  if (
+    annotations[HOST_ANNOTATION] !== target.host || previous !== where || annotations[RECLAIM_ANNOTATION] !== reclaim
+  ) {
+    await annotate(ctx, e, { [HOST_ANNOTATION]: target.host, [RECLAIM_ANNOTATION]: reclaim ?? null });
   }
   return state;
 }
@@ -484,10 +491,11 @@ async function finalize(
   owner: KubeObjectLike,
   e: Exporter,
   target: LabTarget | undefined,
+  keepInstance = false,
 ): Promise<Problem | undefined> {
   if (!e.metadata.finalizers?.includes(FINALIZER)) return undefined;
   const where = e.metadata.annotations?.[TARGET_ANNOTATION];
-  if (where) {
+  if (where && !keepInstance) {
     const problem = await removeInstance(ctx, e, where, target);
     if (problem) {
       ctx.recorder.event(e, "Warning", problem.reason, problem.message);
@@ -503,7 +511,17 @@ async function finalize(
   }).catch((err) => {
     if (!isNotFound(err) && !isConflict(err)) throw err;
   });
-  ctx.recorder.event(owner, "Normal", "TornDown", `removed ${e.metadata.name} from ${where ?? "(never deployed)"}`);
+  if (keepInstance) {
+    ctx.recorder.event(
+      owner,
+      "Normal",
+      "Retained",
+      `reclaimPolicy Retain: ${e.metadata.name} keeps running on ${where ?? "(never deployed)"}; remove it there by ` +
+        "hand when it is no longer wanted",
+    );
+  } else {
+    ctx.recorder.event(owner, "Normal", "TornDown", `removed ${e.metadata.name} from ${where ?? "(never deployed)"}`);
+  }
   return undefined;
 }
 
@@ -541,7 +559,10 @@ async function removeInstance(
 async function orphaned(ctx: Context, ns: string, owned: Exporter[]): Promise<Outcome> {
   // in parallel, as deploys are: one unreachable host must not hold up the instances on the others
   const results = await Promise.all(owned.map(async (e) => {
-    if (e.metadata.deletionTimestamp) return await finalize(ctx, e, e, deployedTarget(ctx, e));
+    if (e.metadata.deletionTimestamp) {
+      const retain = e.metadata.annotations?.[RECLAIM_ANNOTATION] === "Retain";
+      return await finalize(ctx, e, e, deployedTarget(ctx, e), retain);
+    }
     await ctx.client.delete(EXPORTERS, ns, e.metadata.name!);
   }));
   const problems = results.filter((p): p is Problem => p !== undefined);

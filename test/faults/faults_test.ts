@@ -5,15 +5,20 @@
  *
  * QSP_FAULT_TRIALS: controller-kill trials (default 3; the full form sets 25).
  * QSP_FAULT_HOST_TRIALS: repetitions of the host, API and credential scenarios (default 1).
+ * QSP_FAULT_SILENCE_SECONDS: how long the controller's connections stay silent (default 15).
  */
 import assert from "node:assert/strict";
 import { killScenario } from "./kill.ts";
 import { hostScenario } from "./host_faults.ts";
+import { apiScenario } from "./api_faults.ts";
+import { credentialScenario } from "./credentials.ts";
+import { diskScenario } from "./disk.ts";
 import { type Outcome, outcomes, outcomeTable, trialCount } from "./world.ts";
 
 const opts = { sanitizeOps: false, sanitizeResources: false };
 const KILL_TRIALS = trialCount("QSP_FAULT_TRIALS", 3);
 const REPS = trialCount("QSP_FAULT_HOST_TRIALS", 1);
+const SILENCE_S = trialCount("QSP_FAULT_SILENCE_SECONDS", 15);
 const failures = (rs: Outcome[]) => rs.filter((r) => !r.ok).map((r) => `${r.trial}: ${r.note}`);
 
 Deno.test({
@@ -30,6 +35,33 @@ Deno.test({
   ...opts,
   async fn() {
     const rs = await hostScenario(REPS);
+    assert.deepEqual(failures(rs), []);
+  },
+});
+
+Deno.test({
+  name: `faults: API server restarted, etcd compacted, connections silent for ${SILENCE_S}s (${REPS}x)`,
+  ...opts,
+  async fn() {
+    const rs = await apiScenario(REPS, SILENCE_S * 1000);
+    assert.deepEqual(failures(rs), []);
+  },
+});
+
+Deno.test({
+  name: `faults: token rotated; SSH key replaced by a wrong one, then fixed (${REPS}x)`,
+  ...opts,
+  async fn() {
+    const rs = await credentialScenario(REPS);
+    assert.deepEqual(failures(rs), []);
+  },
+});
+
+Deno.test({
+  name: `faults: a lab host's config directory full (${REPS}x)`,
+  ...opts,
+  async fn() {
+    const rs = await diskScenario(REPS);
     assert.deepEqual(failures(rs), []);
   },
 });

@@ -4,7 +4,7 @@
  * scales the set the other way (1 -> 3-4 or back) just before the fault, so faults hit deploys and teardowns.
  */
 import { checkInvariants, type Checks, trial } from "./invariants.ts";
-import { FaultWorld, type Outcome, outerVeth, outer, randomBetween, SEED_HOST, sh, sleep } from "./world.ts";
+import { FaultWorld, type Outcome, outer, outerVeth, randomBetween, SEED_HOST, sh, sleep } from "./world.ts";
 import { waitFor } from "../env.ts";
 
 /** Reasons the set may show while its host cannot be reached over SSH. */
@@ -22,60 +22,69 @@ export async function hostScenario(reps: number): Promise<Outcome[]> {
     if (!base.ok) throw new Error(`baseline did not hold: ${base.violations.join("; ")}`);
 
     for (let rep = 1; rep <= reps; rep++) {
-      results.push(await trial(w, "host", `sshd stopped #${rep}`, async (checks) => {
-        const scale = await w.toggleScale();
-        const delay = randomBetween(200, 3_000);
-        await sleep(delay);
-        const t0 = performance.now();
-        await w.inHost(host, "systemctl stop ssh.service; pkill -f sshd-session || true");
-        try {
-          const c = await noticed(w, checks, 60_000);
-          return {
-            fault: `${scale}, sshd down @${(delay / 1000).toFixed(1)}s for ${secs(t0)}s`,
-            note: c && `${c.reason}: ${c.message}`,
-          };
-        } finally {
-          await w.inHost(host, "systemctl start ssh.service");
-        }
-      }));
+      results.push(
+        await trial(w, "host", `sshd stopped #${rep}`, async (checks) => {
+          const scale = await w.toggleScale();
+          const delay = randomBetween(200, 3_000);
+          await sleep(delay);
+          const t0 = performance.now();
+          try {
+            // sessions too (the process is named sshd-session; -f would match this very shell's command line)
+            await w.inHost(host, "systemctl stop ssh.service; pkill -x sshd-session || true");
+            const c = await noticed(w, checks, 60_000);
+            return {
+              fault: `${scale}, sshd down @${(delay / 1000).toFixed(1)}s for ${secs(t0)}s`,
+              note: c && `${c.reason}: ${c.message}`,
+            };
+          } finally {
+            await w.inHost(host, "systemctl start ssh.service");
+          }
+        }),
+      );
 
-      results.push(await trial(w, "host", `network cut #${rep}`, async (checks) => {
-        const scale = await w.toggleScale();
-        const delay = randomBetween(200, 3_000);
-        await sleep(delay);
-        const t0 = performance.now();
-        await outer("ip", "link", "set", veth, "down");
-        try {
-          const c = await noticed(w, checks, 120_000);
-          return {
-            fault: `${scale}, ${veth} down @${(delay / 1000).toFixed(1)}s for ${secs(t0)}s`,
-            note: c && `${c.reason}: ${c.message}`,
-          };
-        } finally {
-          await outer("ip", "link", "set", veth, "up");
-        }
-      }));
+      results.push(
+        await trial(w, "host", `network cut #${rep}`, async (checks) => {
+          const scale = await w.toggleScale();
+          const delay = randomBetween(200, 3_000);
+          await sleep(delay);
+          const t0 = performance.now();
+          try {
+            await outer("ip", "link", "set", veth, "down");
+            const c = await noticed(w, checks, 120_000);
+            return {
+              fault: `${scale}, ${veth} down @${(delay / 1000).toFixed(1)}s for ${secs(t0)}s`,
+              note: c && `${c.reason}: ${c.message}`,
+            };
+          } finally {
+            await outer("ip", "link", "set", veth, "up");
+          }
+        }),
+      );
 
-      results.push(await trial(w, "host", `reboot #${rep}`, async () => {
-        const bootId = (await sh(host, "cat /proc/sys/kernel/random/boot_id")).trim();
-        const before = new Set((await w.exporters()).map((e) => e.metadata.name));
-        const scale = await w.toggleScale();
-        const delay = randomBetween(200, 3_000);
-        await sleep(delay);
-        const t0 = performance.now();
-        await w.inHost(host, "systemctl reboot --no-block");
-        await waitFor(async () => {
-          const r = await sh(host, "cat /proc/sys/kernel/random/boot_id").catch(() => bootId);
-          return r.trim() !== bootId;
-        }, { what: `${host.name} to come back with a new boot id`, timeoutMs: 180_000, intervalMs: 1_000 });
-        return {
-          fault: `${scale}, reboot @${(delay / 1000).toFixed(1)}s, sshd back after ${secs(t0)}s`,
-          after: async () => {
-            const after = (await w.exporters()).map((e) => e.metadata.name);
-            return `${after.filter((n) => before.has(n)).length} of ${after.length} Exporters are from before the reboot`;
-          },
-        };
-      }));
+      results.push(
+        await trial(w, "host", `reboot #${rep}`, async () => {
+          const bootId = (await sh(host, "cat /proc/sys/kernel/random/boot_id")).trim();
+          const before = new Set((await w.exporters()).map((e) => e.metadata.name));
+          const scale = await w.toggleScale();
+          const delay = randomBetween(200, 3_000);
+          await sleep(delay);
+          const t0 = performance.now();
+          await w.inHost(host, "systemctl reboot --no-block");
+          await waitFor(async () => {
+            const r = await sh(host, "cat /proc/sys/kernel/random/boot_id").catch(() => bootId);
+            return r.trim() !== bootId;
+          }, { what: `${host.name} to come back with a new boot id`, timeoutMs: 180_000, intervalMs: 1_000 });
+          return {
+            fault: `${scale}, reboot @${(delay / 1000).toFixed(1)}s, sshd back after ${secs(t0)}s`,
+            after: async () => {
+              const after = (await w.exporters()).map((e) => e.metadata.name);
+              return `${
+                after.filter((n) => before.has(n)).length
+              } of ${after.length} Exporters are from before the reboot`;
+            },
+          };
+        }),
+      );
     }
   } finally {
     await outer("ip", "link", "set", veth, "up").catch(() => {});

@@ -88,14 +88,20 @@ function violationsOf(w: FaultWorld, v: View): string[] {
   }
   // 2. no instance without an Exporter
   for (const { host, inst } of orphansOf(w, v)) {
-    out.push(`orphan on ${host}: ${inst.name} (uid ${inst.uid ?? "?"}, ${inst.files.length} files, ` +
-      `${inst.containers.length} containers, volume ${inst.volume})`);
+    out.push(
+      `orphan on ${host}: ${inst.name} (uid ${inst.uid ?? "?"}, ${inst.files.length} files, ` +
+        `${inst.containers.length} containers, volume ${inst.volume})`,
+    );
   }
   // 3. nothing beyond the desired count
   const stale = v.all.filter((e) => !e.metadata.ownerReferences?.some((o) => o.uid === setUid));
   if (stale.length) {
-    out.push(`${stale.length} Exporters of a deleted incarnation of the set remain: ` +
-      stale.map((e) => `${e.metadata.name}${e.metadata.deletionTimestamp ? " (deleting)" : ""}`).join(", "));
+    const running = stale.filter((e) => own.some(({ inst }) => inst.name === e.metadata.name)).length;
+    out.push(
+      `${stale.length} Exporters of a deleted incarnation of the set remain (` +
+        stale.map((e) => `${e.metadata.name}${e.metadata.deletionTimestamp ? " deleting" : ""}`).join(", ") +
+        `), ${running} of them still with an instance on a host`,
+    );
   }
   const deleting = v.all.filter((e) => e.metadata.deletionTimestamp && !stale.includes(e));
   if (deleting.length) out.push(`stuck in deletion: ${deleting.map((e) => e.metadata.name).join(", ")}`);
@@ -144,12 +150,14 @@ export async function unsettledNow(w: FaultWorld): Promise<string | undefined> {
  */
 export async function checkInvariants(
   w: FaultWorld,
-  opts: { settleTimeoutMs?: number; graceMs?: number } = {},
+  opts: { settleTimeoutMs?: number; graceMs?: number; stuckMs?: number } = {},
 ): Promise<InvariantReport> {
   const t0 = performance.now();
-  const deadline = Date.now() + (opts.settleTimeoutMs ?? 150_000);
+  const deadline = Date.now() + (opts.settleTimeoutMs ?? 90_000);
   let v: View | undefined;
   let why: string | undefined = "not looked yet";
+  // A state that has not changed at all for stuckMs is not going to settle: stop waiting early.
+  let same = { why: "", since: Date.now() };
   for (;;) {
     try {
       v = await view(w);
@@ -157,7 +165,8 @@ export async function checkInvariants(
     } catch (e) {
       why = `looking failed: ${e instanceof Error ? e.message : e}`;
     }
-    if (!why || Date.now() > deadline) break;
+    if (why !== same.why) same = { why: why ?? "", since: Date.now() };
+    if (!why || Date.now() > deadline || Date.now() - same.since > (opts.stuckMs ?? 45_000)) break;
     await sleep(1_000);
   }
   const settleSeconds = (performance.now() - t0) / 1000;
@@ -165,7 +174,10 @@ export async function checkInvariants(
   let orphans = 0;
   let swept = 0;
   const violations: string[] = [];
-  if (!settled) violations.push(`did not settle in ${settleSeconds.toFixed(0)} s: ${why}`);
+  if (!settled) {
+    const stuck = Date.now() <= deadline ? ", stuck" : "";
+    violations.push(`did not settle in ${settleSeconds.toFixed(0)} s${stuck}: ${why}`);
+  }
   try {
     if (v) orphans = orphansOf(w, v).length;
     swept = await w.sweep();

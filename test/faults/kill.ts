@@ -7,17 +7,21 @@
 import { EXPORTERS } from "../../src/kube/resources.ts";
 import { checkInvariants, trial, unsettledNow } from "./invariants.ts";
 import { FaultWorld, type Outcome, randomBetween, sleep } from "./world.ts";
+import { waitFor } from "../env.ts";
 
 type Op = "scale-up" | "scale-down" | "delete" | "create" | "delete+recreate";
-/** The rotation: every op starts from where the previous one left the set (1 or 3-4 exporters, or no set). */
-const ROTATION: Op[] = ["scale-up", "scale-down", "delete", "create", "delete+recreate"];
-/** How long after the change the kill may land, by op: roughly the time the work takes on a loaded machine. */
+/**
+ * The rotation; each trial takes the next op that fits where the set is (at 1, at 3-4, or gone), so the first three
+ * trials are scale-up, scale-down, delete+recreate, and every op comes round within six.
+ */
+const ROTATION: Op[] = ["scale-up", "scale-down", "delete+recreate", "scale-up", "delete", "create"];
+/** How long after the change the kill may land, by op: about the time the work takes here. */
 const KILL_WINDOW_MS: Record<Op, [number, number]> = {
-  "scale-up": [100, 9_000],
-  "scale-down": [100, 6_000],
-  "delete": [100, 6_000],
-  "create": [100, 9_000],
-  "delete+recreate": [100, 4_000],
+  "scale-up": [100, 5_000],
+  "scale-down": [100, 4_000],
+  "delete": [100, 3_000],
+  "create": [100, 5_000],
+  "delete+recreate": [100, 3_000],
 };
 
 const LOW = FaultWorld.LOW;
@@ -81,21 +85,42 @@ export async function killScenario(trials: number): Promise<Outcome[]> {
       }
     }
 
-    results.push(await trial(w, "kill", "orphan: Exporter force-deleted while down", async (checks) => {
-      // The sweep's own case: the Exporter vanishes without its teardown, the instance stays on the host.
-      const set = await w.set();
-      if (!set) await w.createSet((s) => Object.assign(s.spec, LOW));
-      await checkInvariants(w);
-      await w.controller.kill();
-      const [victim] = (await w.exporters()).filter((e) => !e.metadata.deletionTimestamp);
-      checks.expect(victim, "no Exporter to force-delete");
-      if (victim) {
-        await w.client.mergePatch(EXPORTERS, w.ns, victim.metadata.name!, { metadata: { finalizers: null } });
-        await w.client.delete(EXPORTERS, w.ns, victim.metadata.name!);
-      }
-      await w.controller.start();
-      return { fault: `${victim?.metadata.name} force-deleted, controller down`, note: "sweep must remove it" };
-    }));
+    results.push(
+      await trial(w, "kill", "delete + re-create at once (no kill)", async () => {
+        // The same race without any kill: the set comes back under its name before its Exporters are torn down.
+        const now = await w.set();
+        if (!now) await w.createSet((s) => Object.assign(s.spec, high()));
+        else if (w.desired(now) < 3) await w.patchSpec(high());
+        await checkInvariants(w);
+        await w.deleteSet();
+        await waitFor(async () => (await w.exporters()).some((e) => e.metadata.deletionTimestamp), {
+          what: "the controller to start deleting the Exporters",
+          timeoutMs: 30_000,
+          intervalMs: 100,
+        });
+        await w.createSet((s) => Object.assign(s.spec, LOW));
+        return { fault: "set deleted, re-created once its Exporters are being deleted" };
+      }),
+    );
+    if (!results[results.length - 1].ok) await reset(w, "delete+recreate");
+
+    results.push(
+      await trial(w, "kill", "orphan: Exporter force-deleted while down", async (checks) => {
+        // The sweep's own case: the Exporter vanishes without its teardown, the instance stays on the host.
+        const set = await w.set();
+        if (!set) await w.createSet((s) => Object.assign(s.spec, LOW));
+        await checkInvariants(w);
+        await w.controller.kill();
+        const [victim] = (await w.exporters()).filter((e) => !e.metadata.deletionTimestamp);
+        checks.expect(victim, "no Exporter to force-delete");
+        if (victim) {
+          await w.client.mergePatch(EXPORTERS, w.ns, victim.metadata.name!, { metadata: { finalizers: null } });
+          await w.client.delete(EXPORTERS, w.ns, victim.metadata.name!);
+        }
+        await w.controller.start();
+        return { fault: `${victim?.metadata.name} force-deleted, controller down`, note: "sweep must remove it" };
+      }),
+    );
     const last = results[results.length - 1];
     if (last.ok && !last.swept) {
       last.ok = false;

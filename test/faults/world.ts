@@ -155,7 +155,7 @@ export class ControllerProcess {
       String(o.resyncSeconds),
       `--health-probe-bind-address=127.0.0.1:${port}`,
       "--log-level",
-      o.logLevel ?? "info",
+      o.logLevel ?? Deno.env.get("QSP_FAULT_LOG_LEVEL") ?? "info",
     ];
     this.starts++;
     await Deno.writeTextFile(o.logPath, `=== start #${this.starts} ${new Date().toISOString()}\n`, { append: true });
@@ -508,6 +508,8 @@ export async function outerVeth(bridge: string, host: LabHost): Promise<string> 
     : `v-${(await outer("sh", "-c", `printf %s '${id}' | md5sum`)).slice(0, 13)}`;
   const ports = (await outer("ip", "-o", "link", "show", "master", bridge)).split("\n")
     .map((l) => /^\d+:\s+([^:@\s]+)/.exec(l)?.[1]).filter((n): n is string => !!n);
-  if (!ports.includes(expected)) throw new Error(`no port ${expected} on bridge ${bridge} (ports: ${ports.join(", ")})`);
+  if (!ports.includes(expected)) {
+    throw new Error(`no port ${expected} on bridge ${bridge} (ports: ${ports.join(", ")})`);
+  }
   return expected;
 }
