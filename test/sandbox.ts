@@ -1,11 +1,15 @@
 /**
- * `deno task sandbox up [--hosts N] | down | status | demo`: a local world to run the provisioner in.
+ * `deno task sandbox up [--hosts N] | down | status | demo | show | scale N | lease`: a local world to run the
+ * provisioner in.
  *
  * up:     a real control plane (CRDs installed), N real lab hosts, and the FakeJumpstarterController that issues
  *         exporter credentials; writes .sandbox/kubeconfig, .sandbox/env and .sandbox/labhosts.json.
  * demo:   up with one host, then the feature description's examples exactly as written (Secret, VirtualTargetClass,
  *         ExporterSet in namespace jumpstarter; the class's host lab-host-01.example.com is mapped to the first lab
  *         host with --host-alias), starts the controller, and waits until the exporter runs on the host.
+ * show:   the ExporterSet table, the instances per host and `podman ps` on the hosts (demo ends with it).
+ * scale:  what `kubectl scale exportersets/aarch64-ssh-pool --replicas=N` does (sets maxReplicas).
+ * lease:  marks an idle exporter leased, as Jumpstarter does for `jmp lease`.
  * down:   stops everything `up` and `demo` started, by process id.
  */
 import { parseArgs } from "node:util";
@@ -15,7 +19,8 @@ import { hostExec, type LabHost, type LabNet, startLabHosts, stopLabHosts } from
 import { installCrds, seedExample, waitFor } from "./env.ts";
 import { installControllerRbac } from "./rbac.ts";
 import { startFakeJumpstarter } from "./fake_jumpstarter.ts";
-import { isConflict, KubeClient } from "../src/kube/client.ts";
+import { isConflict, KubeClient, resourcePath } from "../src/kube/client.ts";
+import { HOST_ANNOTATION } from "../src/provision/reconciler.ts";
 import { EXPORTER_SETS, EXPORTERS, NAMESPACES, SECRETS, VIRTUAL_TARGET_CLASSES } from "../src/kube/resources.ts";
 import type { Exporter, ExporterSet, KubeObject } from "../src/api/types.ts";
 
@@ -24,6 +29,7 @@ const DIR = `${ROOT}.sandbox`;
 const LAB: LabNet = { dir: `${DIR}/labhost`, bridge: "qsplab0", subnet: "10.77.0" };
 const SEED_HOST = "lab-host-01.example.com";
 const NAMESPACE = "jumpstarter";
+const SET = "aarch64-ssh-pool";
 
 const { positionals, values } = parseArgs({
   args: Deno.args,
@@ -155,31 +161,80 @@ async function demo(): Promise<void> {
       "waiting for the ExporterSet to become Available",
   );
   const t0 = performance.now();
-  const set = await waitFor(async () => {
-    const s = await client.get<ExporterSet>(EXPORTER_SETS, NAMESPACE, "aarch64-ssh-pool");
+  await waitFor(async () => {
+    const s = await client.get<ExporterSet>(EXPORTER_SETS, NAMESPACE, SET);
     const avail = s.status?.conditions?.find((c) => c.type === "Available");
-    return avail?.status === "True" && (s.status?.readyReplicas ?? 0) >= 1 ? s : undefined;
-  }, { what: "ExporterSet jumpstarter/aarch64-ssh-pool Available", timeoutMs: 180_000 });
-  const exporters = (await client.list<Exporter>(EXPORTERS, NAMESPACE)).items;
-  console.log(
-    `\nExporterSet ${NAMESPACE}/aarch64-ssh-pool is Available after ` +
-      `${
-        ((performance.now() - t0) / 1000).toFixed(1)
-      }s: replicas=${set.status?.replicas} ready=${set.status?.readyReplicas}`,
-  );
-  for (const e of exporters) {
-    console.log(
-      `  Exporter ${e.metadata.name} labels=${JSON.stringify(e.metadata.labels)} host=` +
-        `${e.metadata.annotations?.["qemu-ssh.jumpstarter.dev/host"]}`,
-    );
+    return avail?.status === "True" && (s.status?.readyReplicas ?? 0) >= 1;
+  }, { what: `ExporterSet ${NAMESPACE}/${SET} Available`, timeoutMs: 180_000 });
+  console.log(`\nExporterSet ${NAMESPACE}/${SET} is Available after ${((performance.now() - t0) / 1000).toFixed(1)}s`);
+  await show(client, [host]);
+  console.log(`
+Scale it:     deno task sandbox scale N        (what \`kubectl scale exportersets/${SET} --replicas=N\` does:
+                                               maxReplicas; or lease one: deno task sandbox lease)
+Look around:  export KUBECONFIG=$PWD/.sandbox/kubeconfig; controller log in .sandbox/controller.log;
+              ssh -i .sandbox/labhost/keys/id_ed25519 root@${host.address}
+Tear down:    deno task sandbox down`);
+  client.close();
+}
+
+/** What a person wants to see: the ExporterSet table, the instances per host, and podman ps on each host. */
+async function show(client: KubeClient, hosts: LabHost[]): Promise<void> {
+  const sets = (await client.list<ExporterSet>(EXPORTER_SETS, NAMESPACE)).items;
+  const row = (cols: (string | number | undefined)[]) =>
+    cols.map((c, i) => String(c ?? "").padEnd([20, 18, 5, 5, 10, 7, 10][i])).join(" ");
+  console.log(`\n${row(["NAME", "CLASS", "MIN", "MAX", "REPLICAS", "READY", "AVAILABLE"])}`);
+  for (const s of sets) {
+    console.log(row([
+      s.metadata.name,
+      s.spec.virtualTargetClassName,
+      s.spec.minReplicas,
+      s.spec.maxReplicas,
+      s.status?.replicas,
+      s.status?.readyReplicas,
+      s.status?.availableReplicas,
+    ]));
   }
-  const units = await hostExec(
-    host,
-    "systemctl list-units --no-legend '*-runtime.service' '*-exporter.service'; " +
-      "journalctl -o cat --no-pager -u '*-exporter.service' | grep standin-exporter | tail -n 2",
+  const exporters = (await client.list<Exporter>(EXPORTERS, NAMESPACE)).items;
+  console.log("\nInstances per host:");
+  for (const e of exporters) {
+    const host = e.metadata.annotations?.[HOST_ANNOTATION] ?? "(not deployed yet)";
+    const leased = e.status?.leaseRef ? ", leased" : "";
+    console.log(`  ${host}: ${e.metadata.name} (${e.spec?.enabled === false ? "draining" : "enabled"}${leased})`);
+  }
+  for (const h of hosts) {
+    const ps = await hostExec(
+      h,
+      `podman ps -a --filter "name=-(runtime|exporter)$" --format '{{.Names}}\t{{.Status}}'`,
+    );
+    console.log(`\npodman ps -a on ${SEED_HOST} (${h.address}):\n${ps.stdout.replace(/^/gm, "  ").trimEnd()}`);
+  }
+}
+
+/** `kubectl scale exportersets/NAME --replicas=N`: the scale subresource, which sets spec.maxReplicas. */
+async function scale(n: number): Promise<void> {
+  const client = await KubeClient.load(`${DIR}/kubeconfig`);
+  await client.request("PATCH", `${resourcePath(EXPORTER_SETS, { namespace: NAMESPACE, name: SET })}/scale`, {
+    body: { spec: { replicas: n } },
+    contentType: "application/merge-patch+json",
+  });
+  console.log(`scaled ${NAMESPACE}/${SET}: maxReplicas=${n}`);
+  client.close();
+}
+
+/** Marks the oldest idle exporter leased, as Jumpstarter does for `jmp lease`: the warm buffer grows by one. */
+async function lease(): Promise<void> {
+  const client = await KubeClient.load(`${DIR}/kubeconfig`);
+  const idle = (await client.list<Exporter>(EXPORTERS, NAMESPACE)).items.filter((e) => !e.status?.leaseRef);
+  if (!idle.length) throw new Error("no idle exporter to lease");
+  const e = idle[0];
+  await client.mergePatch(
+    EXPORTERS,
+    NAMESPACE,
+    e.metadata.name!,
+    { status: { leaseRef: { name: "sandbox" } } },
+    "status",
   );
-  console.log(`\non ${SEED_HOST} (${host.address}):\n${units.stdout}`);
-  console.log("Look around: source .sandbox/env; .sandbox/controller.log; `deno task sandbox down` stops everything.");
+  console.log(`leased ${e.metadata.name}; the controller now keeps minAvailableReplicas idle next to it`);
   client.close();
 }
 
@@ -196,6 +251,18 @@ switch (command) {
   case "demo":
     await demo();
     break;
+  case "scale":
+    await scale(Number(positionals[1]));
+    break;
+  case "lease":
+    await lease();
+    break;
+  case "show": {
+    const client = await KubeClient.load(`${DIR}/kubeconfig`);
+    await show(client, JSON.parse(await Deno.readTextFile(`${DIR}/labhosts.json`)));
+    client.close();
+    break;
+  }
   case "fake-jumpstarter": {
     const client = await KubeClient.load(values.kubeconfig);
     const fake = startFakeJumpstarter(client);
@@ -205,6 +272,6 @@ switch (command) {
     break;
   }
   default:
-    console.error(`unknown command "${command}": use up [--hosts N] | down | status | demo`);
+    console.error(`unknown command "${command}": use up [--hosts N] | down | status | demo | show | scale N | lease`);
     Deno.exit(2);
 }
