@@ -3,7 +3,7 @@
  * scripts (remote.ts) put these files in place; nothing here touches a host.
  */
 import { Buffer } from "node:buffer";
-import { stringify } from "yaml";
+import { Document, Scalar, type ScalarTag, type Tags, visit } from "yaml";
 import type { DriverSpec, ExporterSet } from "../api/types.ts";
 import { DEFAULTS, PROVISIONER } from "../api/types.ts";
 import { type InstanceParams, type PullPolicy, QEMU_DRIVER_TYPE, qemuQuantity } from "../provision/params.ts";
@@ -168,8 +168,40 @@ export function renderConfig(inst: Instance): string {
     exitOnLeaseEnd: inst.exitOnLeaseEnd,
     export: exportDrivers(inst.drivers, inst.params),
   };
-  // lineWidth 0: a folded token is valid YAML but hard to compare by eye; no aliases: every driver stands alone
-  return stringify(config, { lineWidth: 0, aliasDuplicateObjects: false });
+  return exporterYaml(config);
+}
+
+// The exporter reads its config with PyYAML, a YAML 1.1 reader: there `no`, `on`, `1:30`, `2024-01-01` and `0b1`
+// are not strings, a float needs a dot, `=` and `<<` are tags it cannot construct, a tab ends a plain scalar, and
+// U+0085, U+2028, U+2029 break lines while DEL, C1 controls, U+FFFE and U+FFFF are refused even in quotes.
+const PY_UNSAFE = /[\t\x7f-\x9f\u2028\u2029\ufffe\uffff]|^(?:=|<<)$/;
+const PY_ESCAPE = /[\x7f-\x9f\u2028\u2029\ufffe\uffff]/g;
+const pyEscape = (c: string) =>
+  ({ "\u0085": "\\N", "\u2028": "\\L", "\u2029": "\\P" })[c] ?? `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`;
+const dottedFloat: ScalarTag = {
+  tag: "tag:yaml.org,2002:float",
+  identify: (v) => typeof v === "number" && Number.isFinite(v) && /e/.test(String(v)) && !String(v).includes("."),
+  resolve: (s: string) => Number(s),
+  stringify: ({ value }) => String(value).replace("e", ".0e"),
+};
+// the 1.1 schema would write the string "<<" as a merge key
+const noMerge = (tags: Tags) => tags.filter((t) => typeof t === "string" || t.tag !== "tag:yaml.org,2002:merge");
+
+function exporterYaml(config: unknown): string {
+  // no aliases: every driver stands alone
+  const doc = new Document(config, {
+    version: "1.1",
+    aliasDuplicateObjects: false,
+    customTags: (tags) => [dottedFloat, ...noMerge(tags)],
+  });
+  visit(doc, {
+    Scalar(_, n) {
+      if (typeof n.value === "string" && PY_UNSAFE.test(n.value)) n.type = Scalar.QUOTE_DOUBLE;
+    },
+  });
+  // lineWidth 0: a folded token is valid YAML but hard to compare by eye. The escapes are safe on the whole text:
+  // these characters only occur in strings, and every such string is double-quoted above.
+  return doc.toString({ lineWidth: 0 }).replace(PY_ESCAPE, pyEscape);
 }
 
 /** The template's drivers with upstream's enrichment of the QEMU driver and the auto-injected tcp driver. */

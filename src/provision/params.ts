@@ -245,8 +245,10 @@ export function resolveParams(cls: VirtualTargetClass, set: ExporterSet): Resolv
     });
   }
   const userCheck = (s: string) =>
-    USER_RE.test(s) ? undefined : `"${s}" is not a valid user name: use lowercase letters, digits, "_", "." or "-" ` +
-      "(starting with a letter or _), at most 32 characters";
+    USER_RE.test(s)
+      ? undefined
+      : `${JSON.stringify(s)} is not a valid user name: use lowercase letters, digits, "_", "." or "-" ` +
+        "(starting with a letter or _), at most 32 characters";
   // both levels are checked even when host.* wins: another set of the same class may use ssh.*
   const sshUser = str(["ssh", "user"], userCheck);
   const sshPort = int(["ssh", "port"], 1, 65535);
@@ -254,7 +256,10 @@ export function resolveParams(cls: VirtualTargetClass, set: ExporterSet): Resolv
   const port = int(["host", "port"], 1, 65535) ?? sshPort ?? 22;
   const hostKeyPolicy = str(
     ["ssh", "hostKeyPolicy"],
-    (s) => s === "Strict" || s === "AcceptNew" ? undefined : `"${s}" is not a host key policy: use Strict or AcceptNew`,
+    (s) =>
+      s === "Strict" || s === "AcceptNew"
+        ? undefined
+        : `${JSON.stringify(s)} is not a host key policy: use Strict or AcceptNew`,
   ) as HostKeyPolicy | undefined;
 
   // runtime
@@ -270,7 +275,7 @@ export function resolveParams(cls: VirtualTargetClass, set: ExporterSet): Resolv
     (s) =>
       (KNOWN_ARCHES as readonly string[]).includes(s)
         ? undefined
-        : `"${s}" is not a known QEMU architecture: use one of ${KNOWN_ARCHES.join(", ")}`,
+        : `${JSON.stringify(s)} is not a known QEMU architecture: use one of ${KNOWN_ARCHES.join(", ")}`,
   );
   const cpu = int(["resources", "cpu"], 1, 1024);
   const memory = str(["resources", "memory"], (s) => checkQuantity(s, MAX_MEMORY, "4Ti"));
@@ -280,7 +285,7 @@ export function resolveParams(cls: VirtualTargetClass, set: ExporterSet): Resolv
     exporter: resolveImage("exporter", cls, set, clsRef, setRef, errors),
     runtime: resolveImage("runtime", cls, set, clsRef, setRef, errors),
   };
-  checkDrivers(set.spec.template?.spec?.drivers ?? [], setRef, errors, warnings);
+  checkDrivers(set.spec.template?.spec?.drivers, setRef, errors, warnings);
 
   if (errors.length > 0 || hostName === undefined) return { ok: false, errors };
   const params: InstanceParams = {
@@ -303,7 +308,8 @@ const describe = (ref: Ref) => `${ref.object} ${ref.name}`;
 function unknownKey(ref: Ref, path: string[], known: string[]): string {
   const key = path[path.length - 1];
   const near = known.find((k) => editDistance(k, key) <= 2);
-  return `${describe(ref)}: spec.parameters.${path.join(".")} is not a known parameter and is ignored` +
+  const shown = path.map((k) => /^[A-Za-z0-9_-]+$/.test(k) ? k : JSON.stringify(k)).join(".");
+  return `${describe(ref)}: spec.parameters.${shown} is not a known parameter and is ignored` +
     (near ? ` (did you mean ${[...path.slice(0, -1), near].join(".")}?)` : ` (known here: ${known.join(", ")})`);
 }
 
@@ -323,18 +329,22 @@ function checkHostName(s: string): string | undefined {
   if (isIPv4(s) || isIPv6(s)) return undefined;
   if (/^\[.*\]$/.test(s) && isIPv6(s.slice(1, -1))) return `write the IPv6 address without brackets: ${s.slice(1, -1)}`;
   if (s.length <= 253 && DNS_NAME_RE.test(s) && !/^[0-9.]+$/.test(s)) return undefined;
-  return `"${s}" is not a DNS name or an IP address: use a host name like lab-host-01.example.com, ` +
+  return `${JSON.stringify(s)} is not a DNS name or an IP address: use a host name like lab-host-01.example.com, ` +
     "an IPv4 address like 10.0.0.5 or an IPv6 address like fd00::5 (no port, user or brackets)";
 }
 
 function checkQuantity(s: string, max: number, maxText: string): string | undefined {
   const bytes = quantityBytes(s);
   if (bytes === undefined) {
-    return `"${s}" is not a quantity: use an integer with an optional suffix Ki, Mi, Gi, Ti (or K, M, G, T), ` +
+    return `${
+      JSON.stringify(s)
+    } is not a quantity: use an integer with an optional suffix Ki, Mi, Gi, Ti (or K, M, G, T), ` +
       `e.g. "4Gi" or "512Mi"`;
   }
-  if (bytes < MIN_SIZE) return `"${s}" is less than 1Mi: did you forget the suffix, e.g. "${s}Gi"?`;
-  if (bytes > max) return `"${s}" is more than the maximum of ${maxText}`;
+  if (bytes < MIN_SIZE) {
+    return `${JSON.stringify(s)} is less than 1Mi: did you forget the suffix, e.g. ${JSON.stringify(`${s}Gi`)}?`;
+  }
+  if (bytes > max) return `${JSON.stringify(s)} is more than the maximum of ${maxText}`;
   return undefined;
 }
 
@@ -351,7 +361,9 @@ function checkDevices(v: unknown, fail: (message: string, suffix?: string) => vo
       fail(`expected a device path string, got ${typeName(d)}`, `[${i}]`);
     } else if (!DEVICE_RE.test(d) || d.split(/[/:]/).some((seg) => seg === "." || seg === "..")) {
       fail(
-        `"${d}" is not a device path: use an absolute path under /dev made of letters, digits, "_", ".", "+", "-", ` +
+        `${
+          JSON.stringify(d)
+        } is not a device path: use an absolute path under /dev made of letters, digits, "_", ".", "+", "-", ` +
           `optionally followed by ":/dev/name-in-container", e.g. "/dev/ttyUSB0" or "/dev/ttyUSB0:/dev/ttyS1"`,
         `[${i}]`,
       );
@@ -403,12 +415,26 @@ function resolveImage(
 }
 
 /** The parts of the driver template the renderer relies on: names are config keys and the QEMU config is a map. */
-function checkDrivers(drivers: DriverSpec[], setRef: Ref, errors: FieldError[], warnings: string[]) {
+function checkDrivers(drivers: unknown, setRef: Ref, errors: FieldError[], warnings: string[]) {
+  if (drivers === undefined) return;
+  // the API server's schema guarantees the shape; manifest files (render, doctor) do not
+  if (!Array.isArray(drivers)) {
+    errors.push({
+      ...setRef,
+      field: "spec.template.spec.drivers",
+      message: `expected a list, got ${typeName(drivers)}`,
+    });
+    return;
+  }
   const seen = new Set<string>();
-  drivers.forEach((d, i) => {
+  drivers.forEach((d: DriverSpec, i) => {
     const field = `spec.template.spec.drivers[${i}]`;
     const err = (sub: string, message: string) => errors.push({ ...setRef, field: `${field}${sub}`, message });
-    if (seen.has(d.name)) err(".name", `driver name "${d.name}" is used twice: driver names must be unique`);
+    if (!isMap(d)) return err("", `expected a map with name and type or ref, got ${typeName(d)}`);
+    if (typeof d.name !== "string") return err(".name", `expected a string, got ${typeName(d.name)}`);
+    if (seen.has(d.name)) {
+      err(".name", `driver name ${JSON.stringify(d.name)} is used twice: driver names must be unique`);
+    }
     seen.add(d.name);
     if ((d.type === undefined) === (d.ref === undefined)) err("", "set exactly one of type or ref");
     if (d.config !== undefined && !isMap(d.config)) err(".config", `expected a map, got ${typeName(d.config)}`);
