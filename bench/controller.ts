@@ -45,7 +45,9 @@ export class ControllerProcess {
   }
 
   /** Starts the controller for one namespace and waits until it reports ready (caches synced). */
-  static async start(opts: { kubeconfig: string; namespace: string; logPath: string }): Promise<ControllerProcess> {
+  static async start(
+    opts: { kubeconfig: string; namespace: string; logPath: string; args?: string[] },
+  ): Promise<ControllerProcess> {
     const port = freePort();
     const child = new Deno.Command(Deno.execPath(), {
       args: [
@@ -58,6 +60,7 @@ export class ControllerProcess {
         "--namespace",
         opts.namespace,
         `--health-probe-bind-address=127.0.0.1:${port}`,
+        ...opts.args ?? [],
       ],
       cwd: ROOT,
       stdin: "null",

@@ -71,6 +71,8 @@ export async function startLabHosts(net: LabNet, count: number): Promise<LabHost
   if (!/^\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(net.subnet)) {
     throw new Error(`subnet must look like "10.78.0": ${net.subnet}`);
   }
+  // Podman's default network inside every lab host is 10.88.0.0/16: a host address there would be routed into it.
+  if (net.subnet.startsWith("10.88.")) throw new Error(`subnet ${net.subnet}.0/24 overlaps Podman's 10.88.0.0/16`);
   if (count < 1 || count > 200) throw new Error(`count out of range: ${count}`);
   // one build up front, so the parallel "up"s below do not all queue on the cache lock with their boot timeouts
   check("base", await labhost(net, "base"));
