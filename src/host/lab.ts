@@ -11,6 +11,7 @@ import {
   parseInspectOutput,
   parseRemoveOutput,
   removeScript,
+  type ScriptError,
   shellCommand,
 } from "./remote.ts";
 import type { SshPool, SshTarget } from "./ssh.ts";
@@ -96,28 +97,17 @@ export class LabHosts implements HostOps {
 
   async remove(target: SshTarget, name: string): Promise<void> {
     const res = await this.run(target, removeScript(name));
-    const report = parseRemoveOutput(res.stdout, res.stderr, res.code);
-    if (!report.ok) {
-      const e = report.errors[0];
-      throw new HostScriptError(
-        target.host,
-        e?.code ?? "exit",
-        report.errors.map((x) => `${x.code}: ${x.message}`).join("; "),
-      );
-    }
+    failUnlessOk(target, parseRemoveOutput(res.stdout, res.stderr, res.code));
   }
 
   async inspect(target: SshTarget): Promise<HostInspection> {
     const res = await this.run(target, inspectScript());
-    const report = parseInspectOutput(res.stdout, res.stderr, res.code);
-    if (!report.ok) {
-      const e = report.errors[0];
-      throw new HostScriptError(
-        target.host,
-        e?.code ?? "exit",
-        report.errors.map((x) => `${x.code}: ${x.message}`).join("; "),
-      );
-    }
-    return report;
+    return failUnlessOk(target, parseInspectOutput(res.stdout, res.stderr, res.code));
   }
+}
+
+function failUnlessOk<R extends { ok: boolean; errors: ScriptError[] }>(target: SshTarget, report: R): R {
+  if (report.ok) return report;
+  const message = report.errors.map((x) => `${x.code}: ${x.message}`).join("; ");
+  throw new HostScriptError(target.host, report.errors[0]?.code ?? "exit", message);
 }

@@ -3,6 +3,7 @@
  * with quadlet, /dev/kvm, stand-in images whose exporter checks the launcher socket, the tcp target and /dev/kvm).
  * Needs root (network namespaces, bridge, systemd-nspawn); it is skipped otherwise.
  */
+import { seedParams } from "../../test/fixtures.ts";
 import { privateLabNet } from "../../test/env.ts";
 import assert from "node:assert/strict";
 import {
@@ -29,18 +30,7 @@ import {
 const net: LabNet = await privateLabNet(3);
 const isRoot = Deno.uid() === 0;
 
-const params: InstanceParams = {
-  host: { name: "h1", user: "root", port: 22 },
-  runtime: { kvm: true, devices: [] },
-  arch: "aarch64",
-  cpu: 4,
-  memory: "4Gi",
-  storage: "16Gi",
-  images: {
-    exporter: { image: "quay.io/jumpstarter-dev/jumpstarter:latest", pullPolicy: "IfNotPresent" },
-    runtime: { image: "quay.io/jumpstarter-dev/virtual/qemu-runtime:latest", pullPolicy: "IfNotPresent" },
-  },
-};
+const params: InstanceParams = { ...seedParams, host: { name: "h1", user: "root", port: 22 } };
 
 function instance(ns: string, name: string, uid: string, over: Partial<Instance> = {}): Instance {
   return {

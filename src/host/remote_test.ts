@@ -1,5 +1,6 @@
 import assert from "node:assert/strict";
 import type { InstanceParams } from "../provision/params.ts";
+import { seedParams } from "../../test/fixtures.ts";
 import { renderInstance } from "./render.ts";
 import {
   applyScript,
@@ -12,18 +13,7 @@ import {
   shQuote,
 } from "./remote.ts";
 
-const params: InstanceParams = {
-  host: { name: "lab-host-01.example.com", user: "root", port: 22 },
-  runtime: { kvm: true, devices: ["/dev/ttyUSB0:/dev/ttyS1"] },
-  arch: "aarch64",
-  cpu: 4,
-  memory: "4Gi",
-  storage: "16Gi",
-  images: {
-    exporter: { image: "quay.io/jumpstarter-dev/jumpstarter:latest", pullPolicy: "IfNotPresent" },
-    runtime: { image: "quay.io/jumpstarter-dev/virtual/qemu-runtime:latest", pullPolicy: "IfNotPresent" },
-  },
-};
+const params: InstanceParams = { ...seedParams, runtime: { kvm: true, devices: ["/dev/ttyUSB0:/dev/ttyS1"] } };
 const TOKEN = "eyJhbGciOiJSUzI1NiJ9.very-secret-token";
 const rendered = renderInstance({
   namespace: "jumpstarter",

@@ -1,4 +1,5 @@
 import assert from "node:assert/strict";
+import { seedParams } from "../../test/fixtures.ts";
 import type { ExporterSet, VirtualTargetClass } from "../api/types.ts";
 import { type FieldError, mergeParameters, qemuQuantity, resolveParams } from "./params.ts";
 
@@ -81,18 +82,7 @@ Deno.test("mergeParameters: maps merge recursively, scalars and lists replace", 
 Deno.test("the seed's class and set resolve to the documented values", () => {
   const r = resolveParams(seedClass(), seedSet());
   assert.ok(r.ok, JSON.stringify(r));
-  assert.deepEqual(r.params, {
-    host: { name: "lab-host-01.example.com", user: "root", port: 22 },
-    runtime: { kvm: true, devices: [] },
-    arch: "aarch64",
-    cpu: 4,
-    memory: "4Gi",
-    storage: "16Gi",
-    images: {
-      exporter: { image: "quay.io/jumpstarter-dev/jumpstarter:latest", pullPolicy: "IfNotPresent" },
-      runtime: { image: "quay.io/jumpstarter-dev/virtual/qemu-runtime:latest", pullPolicy: "IfNotPresent" },
-    },
-  });
+  assert.deepEqual(r.params, seedParams);
   assert.deepEqual(r.warnings, []);
 });
 
