@@ -40,6 +40,8 @@ export interface World {
 }
 
 export interface WorldOptions {
+  /** false: the test runs controllers of its own (started later with w.controller.start() if wanted). */
+  startController?: boolean;
   resyncMs?: number;
   concurrency?: number;
   pool?: SshPoolOptions;
@@ -67,7 +69,7 @@ export async function world(opts: WorldOptions = {}): Promise<World> {
     sweepMs: 3_600_000,
     concurrency: opts.concurrency,
   });
-  await controller.start();
+  if (opts.startController !== false) await controller.start();
   return {
     client,
     ns,
