@@ -194,7 +194,10 @@ Deno.test({
       const es = await exporters(w);
       assert.deepEqual(es.map((x) => x.metadata.name), [name], "the same exporter, not a replacement");
       assert.equal((await containerIdentity(w.host, name)).split("\n")[0], runtimeBefore, "QEMU kept running");
-      assert.equal((await getSet(w, SET)).status?.readyReplicas, 1);
+      await waitFor(async () => (await getSet(w, SET)).status?.readyReplicas === 1, {
+        what: "the status to show the exporter ready again",
+        timeoutMs: 30_000,
+      });
     } finally {
       await w.stop();
     }
