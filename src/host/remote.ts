@@ -217,9 +217,9 @@ ${writes}
 
 step=volume
 if ! podman volume exists ${q(r.volume)}; then
-  podman volume create --label ${q(`jumpstarter.dev/exporter=${r.name}`)} --label ${q(`${PROVISIONER}/uid=${r.uid}`)} ${
-    q(r.volume)
-  } >/dev/null
+  # labelled like the containers, so a volume left alone by an interrupted remove still names its owner
+  podman volume create --label ${q(`jumpstarter.dev/exporter=${r.name}`)} --label ${q(`${PROVISIONER}/uid=${r.uid}`)} \
+    --label ${q(`jumpstarter.dev/namespace=${r.namespace}`)} ${q(r.volume)} >/dev/null
   say volume-created ${q(r.volume)}
 fi
 
@@ -493,9 +493,10 @@ podman ps -a --filter label=${PROVISIONER}/role \\
   while read -r n c s u; do say container "$n" "$c" "$s" "$u"; done
 
 step=volumes
-podman volume ls --format '{{.Name}}' | while read -r v; do
-  case "$v" in jumpstarter-*-shared) say volume "$v" ;; esac
-done
+podman volume ls --format '{{.Name}} {{index .Labels "${PROVISIONER}/uid"}} {{index .Labels "jumpstarter.dev/namespace"}}' |
+  while read -r v u n; do
+    case "$v" in jumpstarter-*-shared) say volume "$v" "$u" "$n" ;; esac
+  done
 say "done"
 `;
 }
@@ -678,7 +679,11 @@ export function parseInspectOutput(stdout: string, stderr: string, exitCode: num
       } else if (i.uid !== kv.uid || i.namespace !== kv.namespace) i.ownerMismatch = true;
     } else if (kind === "unit") units[w[0]] = { load: w[1], active: w[2], sub: w[3] };
     else if (kind === "container") instance(w[0]).containers.push({ name: w[1], state: w[2], uid: w[3] });
-    else if (kind === "volume") instance(w[0].replace(/^jumpstarter-/, "").replace(/-shared$/, "")).volume = true;
+    else if (kind === "volume") {
+      const i = instance(w[0].replace(/^jumpstarter-/, "").replace(/-shared$/, ""));
+      i.volume = true;
+      if (i.uid === undefined && w[1]) Object.assign(i, { uid: w[1], namespace: w[2] || undefined });
+    }
   }
   for (const i of byName.values()) {
     i.runtime = units[`${i.name}-runtime.service`];

@@ -53,6 +53,8 @@ export interface RenderedFile {
 
 export interface RenderedInstance {
   name: string;
+  /** The Exporter's namespace, which the volume's labels carry (see remote.ts). */
+  namespace: string;
   /** The Exporter's uid, which the ownership lines carry: the apply script refuses files naming another. */
   uid: string;
   /** The volume shared by both containers: "jumpstarter-<name>-shared". */
@@ -126,6 +128,7 @@ export function renderInstance(inst: Instance): RenderedInstance {
   const mountDir = configMountDir(inst.name);
   return {
     name: inst.name,
+    namespace: inst.namespace,
     uid: inst.uid,
     volume: volumeName(inst.name),
     // The config's real home is the mounted directory: a replacement is created there, so on SELinux hosts it

@@ -96,15 +96,18 @@ export function ownerSetName(e: Exporter): string | undefined {
 export async function reconcile(ctx: Context, key: string): Promise<Outcome> {
   const [ns, name] = split(key);
   const set = ctx.caches.sets.get(ns, name);
-  const owned = ctx.caches.exporters.list(ns).filter((e) =>
-    ownerSetName(e) === name && (!set || e.metadata.ownerReferences!.some((o) => o.uid === set.metadata.uid))
-  );
+  const named = ctx.caches.exporters.list(ns).filter((e) => ownerSetName(e) === name);
+  const isMine = (e: Exporter) => !!set && e.metadata.ownerReferences!.some((o) => o.uid === set.metadata.uid);
+  // Exporters of a deleted set, including an earlier incarnation of a set re-created under the same name.
+  const stale = named.filter((e) => !isMine(e));
+  const orphanOutcome = stale.length ? await orphaned(ctx, ns, stale) : {};
   if (!set) {
     ctx.statuses.delete(key);
-    return await orphaned(ctx, ns, owned);
+    return orphanOutcome;
   }
+  const owned = named.filter(isMine);
   const cls = ctx.caches.classes.get(ns, set.spec.virtualTargetClassName);
-  if (cls && cls.spec.provisioner !== ctx.provisioner) return {}; // another provisioner's set
+  if (cls && cls.spec.provisioner !== ctx.provisioner) return orphanOutcome; // another provisioner's set
   const old = lastStatus(ctx, key, set);
   if (!cls) {
     await writeStatus(
@@ -114,7 +117,7 @@ export async function reconcile(ctx: Context, key: string): Promise<Outcome> {
       old,
       computeStatus({ ...statusBasics(ctx, set, old), classMissing: set.spec.virtualTargetClassName }),
     );
-    return {};
+    return orphanOutcome;
   }
 
   const { params, target, problems } = configuration(ctx, set, cls);
@@ -164,7 +167,13 @@ export async function reconcile(ctx: Context, key: string): Promise<Outcome> {
       surplusSince: p.surplusSince,
     }),
   );
-  return { requeueAfterMs: Math.min(retryAfterMs(ctx, problems), p.requeueAfterMs ?? Infinity) };
+  return {
+    requeueAfterMs: Math.min(
+      retryAfterMs(ctx, problems),
+      p.requeueAfterMs ?? Infinity,
+      orphanOutcome.requeueAfterMs ?? Infinity,
+    ),
+  };
 }
 
 /** The parts of the status input that do not depend on what this reconcile did. */
