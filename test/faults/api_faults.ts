@@ -40,7 +40,7 @@ export async function apiScenario(reps: number, silenceMs: number): Promise<Outc
       results.push(
         await trial(world, "api", `apiserver restart #${rep}`, async () => {
           const scale = await world.toggleScale();
-          const delay = randomBetween(200, 4_000);
+          const delay = randomBetween(100, 2_500);
           await sleep(delay);
           const t0 = performance.now();
           await cp.restartApiServer();

@@ -76,7 +76,9 @@ export async function credentialScenario(reps: number): Promise<Outcome[]> {
               (c) => c.status === "True" && c.reason === "AuthenticationFailed",
               60_000,
             );
-            degraded = `Degraded/${c.reason} after ${secs(t0)}s`;
+            const st = (await w.set())?.status;
+            degraded = `Degraded/${c.reason} after ${secs(t0)}s (readyReplicas ${st?.readyReplicas} of ` +
+              `${st?.replicas} meanwhile)`;
             // A scale-down meanwhile: the surplus Exporter is deleted, but its teardown cannot run and must wait.
             await w.patchSpec(FaultWorld.LOW);
             const waiting = await waitFor(async () => {

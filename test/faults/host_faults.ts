@@ -10,7 +10,7 @@ import { waitFor } from "../env.ts";
 /** Reasons the set may show while its host cannot be reached over SSH. */
 const UNREACHABLE = /^(HostUnreachable|DeployFailed|TeardownFailed)$/;
 
-export async function hostScenario(reps: number): Promise<Outcome[]> {
+export async function hostScenario(reps: number, full: boolean): Promise<Outcome[]> {
   const w = await FaultWorld.create({ prefix: "host" });
   const results: Outcome[] = [];
   const host = w.hosts.find((h) => h.address === w.aliases[SEED_HOST])!;
@@ -32,6 +32,7 @@ export async function hostScenario(reps: number): Promise<Outcome[]> {
             // sessions too (the process is named sshd-session; -f would match this very shell's command line)
             await w.inHost(host, "systemctl stop ssh.service; pkill -x sshd-session || true");
             const c = await noticed(w, checks, 60_000);
+            await sleep(Math.max(0, 8_000 - (performance.now() - t0))); // down for 8 s at least: retries, backoff
             return {
               fault: `${scale}, sshd down @${(delay / 1000).toFixed(1)}s for ${secs(t0)}s`,
               note: c && `${c.reason}: ${c.message}`,
@@ -50,6 +51,12 @@ export async function hostScenario(reps: number): Promise<Outcome[]> {
           const t0 = performance.now();
           try {
             await outer("ip", "link", "set", veth, "down");
+            // An open SSH connection takes the keepalive's time to be declared dead: the full form waits for the
+            // set to show it, the bounded one only keeps the cable out for a while.
+            if (!full) {
+              await sleep(10_000);
+              return { fault: `${scale}, ${veth} down @${(delay / 1000).toFixed(1)}s for ${secs(t0)}s` };
+            }
             const c = await noticed(w, checks, 120_000);
             return {
               fault: `${scale}, ${veth} down @${(delay / 1000).toFixed(1)}s for ${secs(t0)}s`,

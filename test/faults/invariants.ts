@@ -166,7 +166,7 @@ export async function checkInvariants(
       why = `looking failed: ${e instanceof Error ? e.message : e}`;
     }
     if (why !== same.why) same = { why: why ?? "", since: Date.now() };
-    if (!why || Date.now() > deadline || Date.now() - same.since > (opts.stuckMs ?? 45_000)) break;
+    if (!why || Date.now() > deadline || Date.now() - same.since > (opts.stuckMs ?? 60_000)) break;
     await sleep(1_000);
   }
   const settleSeconds = (performance.now() - t0) / 1000;

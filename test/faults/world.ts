@@ -244,6 +244,8 @@ export class FaultWorld {
   readonly seenUids = new Set<string>();
   /** Most live Exporters of SET seen at once since the last `resetPeak`. */
   peak = 0;
+  /** Exporter watch events seen so far: a clock that ticks with the controller's progress. */
+  exporterEvents = 0;
   private readonly abort = new AbortController();
   private watchLoop: Promise<void> = Promise.resolve();
   private readonly watcher: Informer<Exporter>;
@@ -262,6 +264,7 @@ export class FaultWorld {
   ) {
     this.watcher = new Informer<Exporter>(client, EXPORTERS, { namespace: ns, log: silentLogger });
     this.watcher.on(() => {
+      this.exporterEvents++;
       const mine = this.watcher.list().filter((e) => ownerSetName(e) === SET);
       for (const e of this.watcher.list()) {
         this.seenNames.add(e.metadata.name!);
@@ -394,6 +397,14 @@ export class FaultWorld {
   /** The count the set asks for with no leases and no demand (0 when the set is gone). */
   desired(set: ExporterSet | undefined): number {
     return set ? desiredCount(set.spec, 0, 0).desired : 0;
+  }
+
+  /** Resolves after `n` more Exporter events, or after `timeoutMs` (the work may need fewer); returns how many. */
+  async afterExporterEvents(n: number, timeoutMs: number): Promise<number> {
+    const start = this.exporterEvents;
+    const deadline = Date.now() + timeoutMs;
+    while (this.exporterEvents - start < n && Date.now() < deadline) await sleep(20);
+    return this.exporterEvents - start;
   }
 
   resetPeak(): void {
