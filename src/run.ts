@@ -1,13 +1,5 @@
 /** `run`: the controller process: clients, leader election, health, signals, graceful shutdown. */
-import { KubeClient, KubeError } from "./kube/client.ts";
-import {
-  CONFIG_MAPS,
-  EXPORTER_SETS,
-  EXPORTERS,
-  JUMPSTARTER_LEASES,
-  SECRETS,
-  VIRTUAL_TARGET_CLASSES,
-} from "./kube/resources.ts";
+import { KubeClient, KubeError, type Resource } from "./kube/client.ts";
 import { acquireLeadership, type Leadership } from "./kube/leader.ts";
 import { createLogger, type Level } from "./observe/log.ts";
 import { Metrics } from "./observe/metrics.ts";
@@ -34,7 +26,6 @@ export interface RunOptions {
 export async function runController(o: RunOptions): Promise<number> {
   const log = createLogger({ level: o.logLevel, format: o.logFormat });
   const client = await loadClient(o.kubeconfig);
-  await preflight(client, o.namespace, o.kubeconfig);
   const metrics = new Metrics();
   const shutdown = new AbortController();
   for (const sig of ["SIGTERM", "SIGINT"] as const) {
@@ -71,6 +62,9 @@ export async function runController(o: RunOptions): Promise<number> {
     resyncMs: o.resyncMs,
     metrics,
   });
+  // exactly what the controller's informers will watch, read once before anything starts
+  const watched = Object.values(controller.caches).map((informer) => informer.resource);
+  await preflight(client, watched, o.namespace, o.kubeconfig);
 
   // A standby replica is ready (it is healthy, just waiting); the leader once its caches are synced.
   let leading = !o.leaderElect;
@@ -112,8 +106,6 @@ export async function runController(o: RunOptions): Promise<number> {
   }
 }
 
-const WATCHED = [EXPORTER_SETS, VIRTUAL_TARGET_CLASSES, EXPORTERS, JUMPSTARTER_LEASES, SECRETS, CONFIG_MAPS];
-
 async function loadClient(kubeconfig?: string): Promise<KubeClient> {
   const source = kubeconfig ?? Deno.env.get("KUBECONFIG") ?? "in-cluster config or ~/.kube/config";
   try {
@@ -127,9 +119,14 @@ async function loadClient(kubeconfig?: string): Promise<KubeClient> {
  * One read of every resource the controller watches, so a wrong server, missing CRDs or missing rights fail at
  * start with one message naming what is wrong, instead of informers retrying quietly forever.
  */
-async function preflight(client: KubeClient, namespace: string | undefined, kubeconfig?: string): Promise<void> {
+async function preflight(
+  client: KubeClient,
+  watched: Resource[],
+  namespace: string | undefined,
+  kubeconfig?: string,
+): Promise<void> {
   const where = namespace ? `in namespace ${namespace}` : "cluster-wide";
-  for (const r of WATCHED) {
+  for (const r of watched) {
     try {
       await client.list(r, namespace, { limit: 1 });
     } catch (e) {
