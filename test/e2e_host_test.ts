@@ -1,12 +1,13 @@
 /**
  * End to end, what happens on the lab host after the first deploy: token rotation reloads the exporter without
  * touching QEMU, hand-made drift is repaired, and an exporter that ends after its lease is replaced (ExitAndReplace)
- * or started again (InPlaceReuse).
+ * or started again (InPlaceReuse); one that ends with no lease ended is started again with back-off, not replaced.
  */
 import assert from "node:assert/strict";
 import { waitFor } from "./env.ts";
 import {
   applySeed,
+  cond,
   containerIdentity,
   events,
   exporters,
@@ -23,8 +24,8 @@ import {
   type World,
   world,
 } from "./e2e_world.ts";
-import { EXPORTERS, SECRETS } from "../src/kube/resources.ts";
-import type { Exporter, Secret } from "../src/api/types.ts";
+import { JUMPSTARTER_LEASES, SECRETS } from "../src/kube/resources.ts";
+import type { Lease, Secret } from "../src/api/types.ts";
 
 const opts = { sanitizeOps: false, sanitizeResources: false };
 
@@ -94,7 +95,8 @@ Deno.test({
         `rm /etc/containers/systemd/${name}-exporter.container && systemctl daemon-reload && ` +
           `systemctl stop ${name}-runtime.service ${name}-exporter.service`,
       );
-      assert.match(await unitStates(w.host, name), /^(inactive|failed) (inactive|failed)$/);
+      // (the repair may already be under way: the runtime then stages its launcher, the exporter waits for it)
+      assert.match(await unitStates(w.host, name), /^(inactive|failed|activating) (inactive|failed)$/);
       await waitFor(async () => {
         const states = await unitStates(w.host, name);
         const quadlet = await sh(
@@ -113,10 +115,11 @@ Deno.test({
 });
 
 Deno.test({
-  name: "e2e: ExitAndReplace: an exporter that ended after its lease is torn down and replaced by a fresh one",
+  name: "e2e: ExitAndReplace: once Jumpstarter ends the lease the instance is torn down and replaced by a fresh one",
   ...opts,
   async fn() {
-    // A long resync: the replacement must follow Jumpstarter's report that the exporter went offline, not a timer.
+    // A long resync: the replacement must follow Jumpstarter's word that the lease ended, not a timer. The exporter
+    // need not exit by itself (released exporters ignore exitOnLeaseEnd).
     const w = await world({ resyncMs: 600_000 });
     try {
       await applySeed(w);
@@ -124,14 +127,8 @@ Deno.test({
       const name = e.metadata.name!;
       await waitStandinUp(w.host, name);
 
-      // The exporter exits cleanly (exitOnLeaseEnd), as the stand-in does on SIGTERM; Jumpstarter notices it offline.
       const t0 = performance.now();
-      await sh(w.host, `podman stop ${name}-exporter >/dev/null`);
-      await waitFor(async () => (await unitStates(w.host, name)).endsWith(" inactive"), {
-        what: "the exporter unit inactive after its clean exit",
-        timeoutMs: 20_000,
-      });
-      await markOffline(w, name);
+      await endedLease(w, name);
 
       const [fresh] = await waitFor(async () => {
         const es = await exporters(w);
@@ -148,7 +145,7 @@ Deno.test({
 });
 
 Deno.test({
-  name: "e2e: ExitAndReplace without any report from Jumpstarter: the exited exporter is found at the next resync",
+  name: "e2e: ExitAndReplace: an exporter that exited by itself is replaced once its lease is reported ended",
   ...opts,
   async fn() {
     const w = await world({ resyncMs: 2_000 });
@@ -159,6 +156,7 @@ Deno.test({
       await waitStandinUp(w.host, name);
       const t0 = performance.now();
       await sh(w.host, `podman stop ${name}-exporter >/dev/null`);
+      await endedLease(w, name);
       await waitFor(async () => {
         const es = await exporters(w);
         return es.length === 1 && es[0].metadata.name !== name ? es : undefined;
@@ -204,13 +202,52 @@ Deno.test({
   },
 });
 
-/** What Jumpstarter does when an exporter's connection ends: Online goes False, exporterStatus Offline. */
-async function markOffline(w: World, name: string): Promise<void> {
-  const now = new Date().toISOString();
-  await w.client.mergePatch<Exporter>(EXPORTERS, w.ns, name, {
-    status: {
-      exporterStatus: "Offline",
-      conditions: [{ type: "Online", status: "False", reason: "Disconnected", message: "", lastTransitionTime: now }],
-    },
+Deno.test({
+  name: "e2e: ExitAndReplace: an exporter that exits with no lease ended is started again with back-off, then reported",
+  ...opts,
+  async fn() {
+    // `jmp run` exits 0 when it cannot reach the controller: a clean exit is no evidence that a lease ended
+    const w = await world({ resyncMs: 2_000 });
+    try {
+      await applySeed(w);
+      const [e] = await waitReady(w, 1);
+      const name = e.metadata.name!;
+      const t0 = performance.now();
+      const starts: number[] = [];
+      for (let i = 1; i <= 3; i++) {
+        await waitFor(async () => (await unitStates(w.host, name)) === "active active", {
+          what: `the exporter running (start ${i})`,
+          timeoutMs: 60_000,
+        });
+        starts.push(performance.now());
+        await sh(w.host, `podman stop ${name}-exporter >/dev/null`);
+      }
+      const failing = await waitFor(async () => {
+        const c = cond(await getSet(w), "Degraded");
+        return c?.reason === "ExporterFailing" ? c : undefined;
+      }, { what: "the set to report the failing exporter", timeoutMs: 90_000 });
+      const gaps = starts.slice(1).map((t, i) => ((t - starts[i]) / 1000).toFixed(1));
+      console.log(`  gaps between starts ${gaps.join(" s, ")} s; reported after ${seconds(t0)}`);
+      assert.match(
+        failing.message ?? "",
+        new RegExp(`${name}: the exporter went down 3 times without its lease ending`),
+      );
+      assert.match(failing.message ?? "", /last lines: .*standin-exporter/, "the journal says why");
+      assert.deepEqual((await exporters(w)).map((x) => x.metadata.name), [name], "never replaced without a lease end");
+      assert.ok(starts[2] - starts[1] > starts[1] - starts[0], "each start waits longer than the one before");
+    } finally {
+      await w.stop();
+    }
+  },
+});
+
+/** What Jumpstarter records when a lease of the exporter is over: a Lease naming it, with status.ended. */
+async function endedLease(w: World, exporter: string): Promise<void> {
+  const lease = await w.client.create<Lease>(JUMPSTARTER_LEASES, {
+    metadata: { generateName: "lease-", namespace: w.ns },
+    spec: { selector: { matchLabels: { board: "aarch64-qemu" } } },
+  });
+  await w.client.mergePatch<Lease>(JUMPSTARTER_LEASES, w.ns, lease.metadata.name!, {
+    status: { exporterRef: { name: exporter }, ended: true },
   }, "status");
 }

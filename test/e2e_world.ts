@@ -53,40 +53,52 @@ export async function world(opts: WorldOptions = {}): Promise<World> {
   const ns = await freshNamespace(client, "e2e");
   const [host, host2] = env.labhosts;
   const fake = startFakeJumpstarter(client, ns);
+  const aliases: Record<string, string> = { [SEED_HOST]: host.address, [SECOND_HOST]: host2.address };
+  const ours = ourController(client, ns, aliases, opts);
+  if (opts.startController !== false) await ours.controller.start();
+  return {
+    client,
+    ns,
+    host,
+    host2,
+    ...ours,
+    fake,
+    aliases,
+    async stop() {
+      await ours.controller.stop();
+      await fake.stop();
+      await ours.pool.close();
+      client.close();
+    },
+  };
+}
+
+/**
+ * This project's controller in the test process, scoped to one namespace, reaching lab hosts by the (mutable) alias
+ * table and pinning host keys on first use, as `run` does. Not started.
+ */
+export function ourController(
+  client: KubeClient,
+  namespace: string,
+  aliases: Record<string, string>,
+  opts: Omit<WorldOptions, "startController"> = {},
+): { controller: Controller; hosts: LabHosts; pool: SshPool } {
   const pool = new SshPool({
     ...opts.pool,
     onHostKeyAccepted: (t, line) => pinHostKey(client, t as LabTarget, line),
   });
-  const aliases: Record<string, string> = { [SEED_HOST]: host.address, [SECOND_HOST]: host2.address };
   const hosts = new LabHosts(pool, { hostAliases: aliases });
   const controller = new Controller({
     client,
     hosts,
     log: createLogger({ level: Deno.env.get("QSP_TEST_LOG") ? "debug" : "error" }),
     provisioner: "qemu-ssh.jumpstarter.dev",
-    namespace: ns,
+    namespace,
     resyncMs: opts.resyncMs ?? 60_000,
     sweepMs: 3_600_000,
     concurrency: opts.concurrency,
   });
-  if (opts.startController !== false) await controller.start();
-  return {
-    client,
-    ns,
-    host,
-    host2,
-    controller,
-    hosts,
-    pool,
-    fake,
-    aliases,
-    async stop() {
-      await controller.stop();
-      await fake.stop();
-      await pool.close();
-      client.close();
-    },
-  };
+  return { controller, hosts, pool };
 }
 
 /** Step 2 of the seed: `kubectl create secret generic lab-ssh-key --from-file=ssh-privatekey=...`, plus extra keys. */

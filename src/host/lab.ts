@@ -21,8 +21,14 @@ export interface ApplyOutcome {
   changed: string[];
   /** Both units active. */
   ready: boolean;
-  /** The exporter finished after its lease (exitOnLeaseEnd) and was left stopped for replacement. */
+  /** The exporter ended by itself (clean exit) and was left stopped (keepExited). */
   exited: boolean;
+  /** This apply started an exporter that was down. */
+  startedExporter: boolean;
+  /** systemd's restarts of the exporter after crashes, since it was last started by hand or by us. */
+  exporterRestarts: number;
+  /** The exporter's last journal lines when it is down or has restarted, tokens redacted. */
+  journal: string[];
   errors: string[];
   /** The first error's code, e.g. "kvm-missing". */
   errorCode?: string;
@@ -90,6 +96,9 @@ export class LabHosts implements HostOps {
       changed: report.changed,
       ready: rt?.active === "active" && ex?.active === "active",
       exited: report.exited.includes(r.units.exporter),
+      startedExporter: report.started.includes(r.units.exporter) || report.restarted.includes(r.units.exporter),
+      exporterRestarts: ex?.restarts ?? 0,
+      journal: report.journal,
       errors: report.errors.map((e) => `${e.code}: ${e.message}`),
       errorCode: report.errors[0]?.code,
     };

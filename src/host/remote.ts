@@ -10,6 +10,7 @@
  *   qsp restarted UNIT | qsp hup UNIT | qsp started UNIT
  *   qsp exited UNIT                        the exporter ended by itself (lease over) and was left stopped
  *   qsp state UNIT ACTIVE SUB RESTARTS     systemd ActiveState, SubState, NRestarts after the apply settled
+ *   qsp journal LINE                       the exporter's last journal lines, when it is down, restarted or started
  *   qsp removed WHAT NAME | qsp removed nothing | qsp stopped UNIT
  *   qsp error CODE MESSAGE                 CODE is one word (see ErrorCode)
  *   qsp done                               the script ran to its end (absent: it died or the connection dropped)
@@ -22,10 +23,12 @@ import {
   CONFIG_DIR,
   configMountDir,
   configPath,
+  EXPORTER_UID,
   OWNER_PREFIX,
   QUADLET_DIR,
   quadletPath,
   type RenderedInstance,
+  stageContainer,
   volumeName,
 } from "./render.ts";
 
@@ -109,6 +112,7 @@ function sedEscape(s: string): string {
   return s.replace(/[.[\]*^$\\/]/g, (c) => `\\${c}`);
 }
 
+const JOURNAL_LINES = 5;
 const sha256 = (s: string) => createHash("sha256").update(s, "utf8").digest("hex");
 const tempGlob = (path: string) => {
   const slash = path.lastIndexOf("/");
@@ -140,13 +144,15 @@ export function applyScript(r: RenderedInstance, opts: ApplyOptions): string {
   const dirOf = (p: string) => p.slice(0, p.lastIndexOf("/"));
   const dirs = [...new Set(allPaths.map(dirOf))];
   const secretDirs = [...new Set(r.files.filter((f) => f.secret).flatMap((f) => [f.path, ...f.links]).map(dirOf))];
+  // the directory a non-root owner's file lives in is that owner's too: the container mounts it to reach the file
+  const ownedDirs = r.files.filter((f) => f.owner !== 0).map((f) => `chown ${f.owner}:${f.owner} ${q(dirOf(f.path))}`);
   const settleTicks = Math.max(0, Math.round((opts.settleSeconds ?? 20) * 5));
 
   const writes = r.files.map((f) => {
     const flag = f.path === rtQuadlet ? "rt_changed" : f.path === exQuadlet ? "ex_changed" : "cfg_changed";
     const content = Buffer.from(f.content, "utf8").toString("base64");
     return [
-      `put ${q(f.path)} ${f.mode.toString(8)} ${sha256(f.content)} ${q(content)}`,
+      `put ${q(f.path)} ${f.mode.toString(8)} ${f.owner} ${sha256(f.content)} ${q(content)}`,
       `if [ "$changed" = 1 ]; then ${flag}=1; fi`,
       ...f.links.map((l) => `link ${q(f.path)} ${q(l)}`),
     ].join("\n");
@@ -159,15 +165,17 @@ RT=${q(r.units.runtime)}
 EX=${q(r.units.exporter)}
 RTQ=${q(rtQuadlet)}
 EXQ=${q(exQuadlet)}
-# PATH MODE SHA256 BASE64: atomic replace (temp file in the same directory, synced, renamed) unless already equal
+# PATH MODE OWNER SHA256 BASE64: atomic replace (temp file in the same directory, synced, renamed) unless already equal
 put() {
   changed=0
-  if [ -f "$1" ] && [ ! -L "$1" ] && [ "$(stat -c %a "$1")" = "$2" ] && [ "$(sha256sum <"$1" | cut -d' ' -f1)" = "$3" ]; then
+  if [ -f "$1" ] && [ ! -L "$1" ] && [ "$(stat -c %a:%u:%g "$1")" = "$2:$3:$3" ] &&
+    [ "$(sha256sum <"$1" | cut -d' ' -f1)" = "$4" ]; then
     return 0
   fi
   tmp=$(mktemp "\${1%/*}/.\${1##*/}.qsp-tmp.XXXXXX")
-  printf '%s' "$4" | base64 -d >"$tmp"
+  printf '%s' "$5" | base64 -d >"$tmp"
   chmod "$2" "$tmp"
+  chown "$3:$3" "$tmp"
   sync "$tmp"
   mv -f "$tmp" "$1"
   tmp=
@@ -207,6 +215,7 @@ refuse_if_errors
 step=make-dirs
 (umask 022 && mkdir -p ${dirs.map(q).join(" ")})
 chmod 0700 ${secretDirs.map(q).join(" ")}
+${ownedDirs.join("\n")}
 
 step=write-files
 umask 077
@@ -216,12 +225,17 @@ cfg_changed=0
 ${writes}
 
 step=volume
+# Owned by the exporter's uid, as an emptyDir is writable by the pod's users: the exporter keeps QEMU's sockets and
+# disk there, the root runtime writes wherever it likes.
 if ! podman volume exists ${q(r.volume)}; then
   # labelled like the containers, so a volume left alone by an interrupted remove still names its owner
   podman volume create --label ${q(`jumpstarter.dev/exporter=${r.name}`)} --label ${q(`${PROVISIONER}/uid=${r.uid}`)} \
-    --label ${q(`jumpstarter.dev/namespace=${r.namespace}`)} ${q(r.volume)} >/dev/null
+    --label ${q(`jumpstarter.dev/namespace=${r.namespace}`)} --opt o=uid=${EXPORTER_UID},gid=${EXPORTER_UID} \
+    ${q(r.volume)} >/dev/null
   say volume-created ${q(r.volume)}
 fi
+mp=$(podman volume inspect --format '{{.Mountpoint}}' ${q(r.volume)})
+if [ "$(stat -c %u:%g "$mp")" != ${EXPORTER_UID}:${EXPORTER_UID} ]; then chown ${EXPORTER_UID}:${EXPORTER_UID} "$mp"; fi
 
 step=daemon-reload
 # Reload when a quadlet changed, and when systemd has not caught up with one (an earlier apply died before it).
@@ -269,6 +283,7 @@ refuse_if_errors
 
 step=restart
 ex_exited=0
+ex_started=0
 unit "$EX"
 if [ ${
     opts.keepExited ? 1 : 0
@@ -323,6 +338,7 @@ for u in "$RT" "$EX"; do
     if [ "$active" = failed ]; then systemctl reset-failed "$u"; fi
     systemctl start --no-block "$u"
     say started "$u"
+    if [ "$u" = "$EX" ]; then ex_started=1; fi
     ;;
   esac
 done
@@ -347,6 +363,10 @@ for u in "$RT" "$EX"; do
   unit "$u"
   say state "$u" "$active" "$sub" "$restarts"
 done
+# why an exporter is down, restarting or had to be started again, for the set's status: what a person reads first
+if [ "$active" != active ] || [ "\${restarts:-0}" != 0 ] || [ "$ex_started" = 1 ]; then
+  journalctl -u "$EX" -n ${JOURNAL_LINES} -o cat --no-pager 2>/dev/null | while IFS= read -r l; do say journal "$l"; done
+fi
 say "done"
 `;
 }
@@ -391,7 +411,7 @@ for u in ${EX} ${RT}; do
 done
 
 step=containers
-for c in ${q(`${name}-exporter`)} ${q(`${name}-runtime`)}; do
+for c in ${q(`${name}-exporter`)} ${q(`${name}-runtime`)} ${q(stageContainer(name))}; do
   if podman container exists "$c"; then
     podman rm -f --ignore "$c" >/dev/null
     gone container "$c"
@@ -537,6 +557,8 @@ export interface ApplyReport {
   /** Exporters left stopped after they ended by themselves (keepExited). */
   exited: string[];
   states: Record<string, UnitState>;
+  /** The exporter's last journal lines (reported only when it is down or has restarted), tokens redacted. */
+  journal: string[];
   errors: ScriptError[];
 }
 
@@ -623,6 +645,7 @@ export function parseApplyOutput(stdout: string, stderr: string, exitCode: numbe
     started: [],
     exited: [],
     states: {},
+    journal: [],
     errors,
   };
   for (const [kind, a, ...rest] of lines) {
@@ -634,9 +657,15 @@ export function parseApplyOutput(stdout: string, stderr: string, exitCode: numbe
     else if (kind === "started") report.started.push(a);
     else if (kind === "exited") report.exited.push(a);
     else if (kind === "state") report.states[a] = { active: rest[0], sub: rest[1], restarts: Number(rest[2]) || 0 };
+    else if (kind === "journal" && a) report.journal.push(redactTokens([a, ...rest].join(" ")));
   }
   return report;
 }
+
+// A JWT is three base64url parts, the first an encoded JSON object ("eyJ"): nothing else in a log looks like that.
+const JWT_RE = /eyJ[A-Za-z0-9_-]*\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*/g;
+/** The journal goes into status and events, which many can read: a token an exporter logged must not. */
+export const redactTokens = (line: string) => line.replace(JWT_RE, "<redacted>");
 
 export function parseRemoveOutput(stdout: string, stderr: string, exitCode: number): RemoveReport {
   const { lines, errors } = scan(stdout, stderr, exitCode);

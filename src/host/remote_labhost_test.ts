@@ -72,9 +72,10 @@ async function runScript(host: LabHost, script: string, command = shellCommand(h
 async function apply(
   host: LabHost,
   r: RenderedInstance,
-  opts: { command?: string; keepExited?: boolean } = {},
+  opts: { command?: string; keepExited?: boolean; settleSeconds?: number } = {},
 ): Promise<ApplyReport> {
-  const out = await runScript(host, applyScript(r, { kvmRequired: true, keepExited: opts.keepExited }), opts.command);
+  const script = applyScript(r, { kvmRequired: true, keepExited: opts.keepExited, settleSeconds: opts.settleSeconds });
+  const out = await runScript(host, script, opts.command);
   return parseApplyOutput(out.stdout, out.stderr, out.code);
 }
 
@@ -157,6 +158,59 @@ Deno.test({
       assert.match(await sh(host, "ls /run/systemd/generator/multi-user.target.wants/"), /pool-a1-exporter\.service/);
     });
 
+    await t.step(
+      "upstream's image contract: without the staged launcher or a readable config, nothing runs",
+      async () => {
+        // the contract as deployed: root runtime running the staged launcher, exporter as 65532 reading its own config
+        assert.match(await journal(host, "pool-a1-runtime"), /jumpstarter-exec: starting pid=\d+ uid=0 /);
+        assert.match(await journal(host, "pool-a1-exporter"), /standin-exporter: starting uid=65532 /);
+        assert.match(
+          await journal(host, "pool-a1-runtime"),
+          /log_fields="component=exporter,exporter=pool-a1,namespace=team-a"/,
+        );
+        assert.equal(
+          await sh(
+            host,
+            "stat -c '%u:%g %a' /etc/jumpstarter/exporters/pool-a1.d /etc/jumpstarter/exporters/pool-a1.yaml",
+          ),
+          "65532:65532 700\n65532:65532 600\n",
+        );
+        const broken = (name: string, uid: string, edit: (r: RenderedInstance) => void) => {
+          const r = renderInstance(instance("team-c", name, uid));
+          edit(r);
+          return r;
+        };
+        const noStaging = broken("pool-c1", "cccccccc-0000-4000-8000-000000000001", (r) => {
+          const rt = r.files.find((f) => f.path.endsWith("-runtime.container"))!;
+          rt.content = rt.content.replace(/^ExecStartPre=.*\n/m, "");
+        });
+        const unreadable = broken("pool-c2", "cccccccc-0000-4000-8000-000000000002", (r) => {
+          r.files.find((f) => f.secret)!.owner = 0;
+        });
+        for (const r of [noStaging, unreadable]) {
+          const report = await apply(host, r, { settleSeconds: 8 });
+          assert.ok(report.ok, JSON.stringify(report.errors));
+          assert.notDeepEqual(
+            Object.values(report.states).map((s) => s.active),
+            ["active", "active"],
+            `${r.name} must not come up`,
+          );
+        }
+        await pollUntil(
+          "the runtime without a launcher to fail",
+          async () => /jumpstarter-exec.*(no such file|not found)/i.test(await journal(host, "pool-c1-runtime")),
+        );
+        await pollUntil(
+          "the exporter to fail on its config",
+          async () => /config error: .*permission denied/.test(await journal(host, "pool-c2-exporter")),
+        );
+        for (const r of [noStaging, unreadable]) {
+          const out = await runScript(host, removeScript(r.name));
+          assert.ok(parseRemoveOutput(out.stdout, out.stderr, out.code).ok, out.stdout + out.stderr);
+        }
+      },
+    );
+
     await t.step("applying again changes nothing and restarts nothing", async () => {
       const before = await started(host, "pool-a1-runtime pool-a1-exporter");
       const t0 = performance.now();
@@ -234,11 +288,8 @@ Deno.test({
 
       const rtNow = await started(host, "pool-b1-runtime");
       const exBefore = await started(host, "pool-b1-exporter");
-      const both = {
-        ...neverPull,
-        images: { ...neverPull.images, exporter: { ...neverPull.images.exporter, pullPolicy: "Never" as const } },
-      };
-      const report2 = await apply(host, renderInstance({ ...b, params: both }));
+      // (the exporter's image is in the runtime quadlet too: the runtime's launcher is staged from it)
+      const report2 = await apply(host, renderInstance({ ...b, params: neverPull, exitOnLeaseEnd: !b.exitOnLeaseEnd }));
       assertApplied(report2);
       assert.deepEqual(report2.restarted, ["pool-b1-exporter.service"]);
       assert.equal(await started(host, "pool-b1-runtime"), rtNow);

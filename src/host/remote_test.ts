@@ -57,13 +57,18 @@ Deno.test("applyScript: valid sh, secrets only as base64, every path ownership-c
   assert.match(s, /^set -eu$/m);
   for (const f of rendered.files) {
     for (const p of [f.path, ...f.links]) assert.match(s, new RegExp(`^check_owner '${p}' "\\$UID_"$`, "m"));
-    assert.match(s, new RegExp(`^put '${f.path}' ${f.mode.toString(8)} [0-9a-f]{64} '[A-Za-z0-9+/=]+'$`, "m"));
+    assert.match(
+      s,
+      new RegExp(`^put '${f.path}' ${f.mode.toString(8)} ${f.owner} [0-9a-f]{64} '[A-Za-z0-9+/=]+'$`, "m"),
+    );
   }
   assert.match(
     s,
     /^link '\/etc\/jumpstarter\/exporters\/pool-x7k2p\.d\/pool-x7k2p\.yaml' '\/etc\/jumpstarter\/exporters\/pool-x7k2p\.yaml'$/m,
   );
   assert.match(s, /^chmod 0700 '\/etc\/jumpstarter\/exporters\/pool-x7k2p\.d' '\/etc\/jumpstarter\/exporters'$/m);
+  assert.match(s, /^chown 65532:65532 '\/etc\/jumpstarter\/exporters\/pool-x7k2p\.d'$/m, "the exporter's uid reads it");
+  assert.match(s, /--opt o=uid=65532,gid=65532/, "the shared volume is writable by the exporter");
   assert.match(s, /podman volume exists 'jumpstarter-pool-x7k2p-shared'/);
   assert.match(s, /podman kill --signal HUP 'pool-x7k2p-exporter'/);
   assert.match(s, /kvm-missing/);
@@ -101,6 +106,8 @@ qsp started p-runtime.service
 qsp started p-exporter.service
 qsp state p-runtime.service active running 0
 qsp state p-exporter.service activating auto-restart 3
+qsp journal standin-exporter: config error: open /etc/x.yaml: permission denied
+qsp journal token eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJ4In0.c2lnbmF0dXJl leaked
 qsp done
 `;
   assert.deepEqual(parseApplyOutput(out, "", 0), {
@@ -121,6 +128,10 @@ qsp done
       "p-runtime.service": { active: "active", sub: "running", restarts: 0 },
       "p-exporter.service": { active: "activating", sub: "auto-restart", restarts: 3 },
     },
+    journal: [
+      "standin-exporter: config error: open /etc/x.yaml: permission denied",
+      "token <redacted> leaked",
+    ],
     errors: [],
   });
 });

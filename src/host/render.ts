@@ -46,6 +46,8 @@ export interface RenderedFile {
   path: string;
   content: string;
   mode: number;
+  /** Owner (uid and gid) of the file and of its directory: the exporter's user must read its own config. */
+  owner: number;
   secret: boolean;
   /** Further names kept as hard links to this file (same inode), each replaced atomically. */
   links: string[];
@@ -71,6 +73,19 @@ export const QUADLET_DIR = "/etc/containers/systemd";
 export const LAUNCHER_SOCKET = "/shared/launcher.sock";
 export const TCP_DRIVER_TYPE = "jumpstarter_driver_network.driver.TcpNetwork";
 export const SSH_FORWARD_PORT = 2222;
+/**
+ * Upstream's container contract: the exporter runs as this non-root uid (and gid) and the runtime as root, whatever
+ * the images say, so QEMU can open devices while `jmp run` holds no privilege.
+ */
+export const EXPORTER_UID = 65532;
+/** Where the exporter image carries the launcher, which is staged onto the shared volume before the runtime starts. */
+export const EXEC_IN_EXPORTER_IMAGE = "/jumpstarter/bin/jumpstarter-exec";
+export const STAGED_EXEC = "/shared/jumpstarter-exec";
+/** Firmware the QEMU driver boots unless the template names its own, by guest arch (upstream's defaults). */
+const DEFAULT_PARTITIONS: Record<string, Json> = {
+  aarch64: { "OVMF_CODE.fd": "/usr/share/AAVMF/AAVMF_CODE.fd", "OVMF_VARS.fd": "/usr/share/AAVMF/AAVMF_VARS.fd" },
+  other: { "OVMF_CODE.fd": "/usr/share/edk2/ovmf/OVMF_CODE.fd", "OVMF_VARS.fd": "/usr/share/edk2/ovmf/OVMF_VARS.fd" },
+};
 export const MANAGED_HEADER = `# Managed by ${PROVISIONER}; do not edit.`;
 /** Starts the machine-readable ownership line in every file we write (remote.ts reads it back on the host). */
 export const OWNER_PREFIX = `# ${PROVISIONER}/owner: `;
@@ -87,6 +102,8 @@ export const configPath = (name: string) => `${CONFIG_DIR}/${name}.yaml`;
 export const configMountDir = (name: string) => `${CONFIG_DIR}/${name}.d`;
 export const quadletPath = (unit: string) => `${QUADLET_DIR}/${unit}.container`;
 export const volumeName = (name: string) => `jumpstarter-${name}-shared`;
+/** The one-shot container that stages the launcher; --rm removes it, the remove script any a crash left. */
+export const stageContainer = (name: string) => `${name}-stage`;
 
 const PULL: Record<PullPolicy, string> = { Always: "always", IfNotPresent: "missing", Never: "never" };
 
@@ -138,22 +155,26 @@ export function renderInstance(inst: Instance): RenderedInstance {
         path: `${mountDir}/${inst.name}.yaml`,
         content: [...header, renderConfig(inst)].join("\n"),
         mode: 0o600,
+        owner: EXPORTER_UID,
         secret: true,
         links: [configPath(inst.name)],
       },
-      { path: quadletPath(units.runtime), content: renderRuntime(inst, header), mode: 0o644, secret: false, links: [] },
-      {
-        path: quadletPath(units.exporter),
-        content: renderExporter(inst, header),
-        mode: 0o644,
-        secret: false,
-        links: [],
-      },
+      quadletFile(units.runtime, renderRuntime(inst, header)),
+      quadletFile(units.exporter, renderExporter(inst, header)),
     ],
     units: { runtime: `${units.runtime}.service`, exporter: `${units.exporter}.service` },
     devices: inst.params.runtime.devices.map((d) => d.split(":")[0]),
   };
 }
+
+const quadletFile = (unit: string, content: string): RenderedFile => ({
+  path: quadletPath(unit),
+  content,
+  mode: 0o644,
+  owner: 0,
+  secret: false,
+  links: [],
+});
 
 // ---------------------------------------------------------------- ExporterConfig
 
@@ -240,8 +261,12 @@ function enrichQemu(config: Json, params: InstanceParams): Json {
     ssh: { protocol: "tcp", hostaddr: "127.0.0.1", hostport: SSH_FORWARD_PORT, guestport: 22 },
     ...(isMap(config.hostfwd) ? config.hostfwd : {}),
   };
+  const merged: Json = { ...defaults, ...config, hostfwd };
+  if (!("default_partitions" in merged)) {
+    merged.default_partitions = DEFAULT_PARTITIONS[merged.arch === "aarch64" ? "aarch64" : "other"];
+  }
   // the launcher socket is where the runtime container listens, so it is not the template's to choose
-  return { ...defaults, ...config, hostfwd, launcher_socket: LAUNCHER_SOCKET };
+  return { ...merged, launcher_socket: LAUNCHER_SOCKET };
 }
 
 // ---------------------------------------------------------------- quadlets
@@ -278,8 +303,9 @@ function commonContainerKeys(inst: Instance, role: "runtime" | "exporter"): [str
   return keys;
 }
 
-function service(restart: "always" | "on-failure"): [string, [string, string][]] {
+function service(restart: "always" | "on-failure", extra: [string, string][] = []): [string, [string, string][]] {
   return ["Service", [
+    ...extra,
     ["Restart", restart],
     // a few seconds between restarts keeps a crash loop from exhausting systemd's start limit in a blink
     ["RestartSec", "3"],
@@ -293,10 +319,37 @@ const install: [string, [string, string][]] = ["Install", [["WantedBy", "multi-u
 function renderRuntime(inst: Instance, header: string[]): string {
   return unit([
     ["Unit", [["Description", `Jumpstarter QEMU runtime of ${inst.namespace}/${inst.name} (set ${inst.setName})`]]],
-    ["Container", commonContainerKeys(inst, "runtime")],
-    service("always"),
+    ["Container", [
+      ...commonContainerKeys(inst, "runtime"),
+      // the image says USER 65532; QEMU needs root for devices, as upstream runs it
+      ["User", "0"],
+      [
+        "Environment",
+        `JUMPSTARTER_EXEC_LOG_FIELDS=component=exporter,exporter=${inst.name},namespace=${inst.namespace}`,
+      ],
+    ]],
+    service("always", [["ExecStartPre", stageCommand(inst)]]),
     install,
   ], header);
+}
+
+/**
+ * The runtime image runs /shared/jumpstarter-exec, which only the exporter image carries: copy it onto the shared
+ * volume before every start of the runtime, so a new exporter image (or a volume re-created by hand) always brings
+ * its own launcher. The exporter is down meanwhile (it is bound to the runtime), so nothing executes the old copy.
+ */
+function stageCommand(inst: Instance): string {
+  const image = inst.params.images.exporter;
+  return [
+    "podman run --rm --replace",
+    `--name ${stageContainer(inst.name)}`,
+    `--pull ${PULL[image.pullPolicy]}`,
+    "--network none --user 0 --entrypoint cp",
+    `--volume ${volumeName(inst.name)}:/shared:z`,
+    image.image,
+    EXEC_IN_EXPORTER_IMAGE,
+    STAGED_EXEC,
+  ].join(" ");
 }
 
 function renderExporter(inst: Instance, header: string[]): string {
@@ -315,6 +368,10 @@ function renderExporter(inst: Instance, header: string[]): string {
       // only, and any number of instances on one host each have their own 2222.
       ["Network", `${runtime}.container`],
       ["Volume", `${configMountDir(inst.name)}:${CONFIG_DIR}:ro,z`],
+      // non-root whatever the image says; the config and the shared volume are this uid's
+      ["User", String(EXPORTER_UID)],
+      ["Group", String(EXPORTER_UID)],
+      ["Environment", `JUMPSTARTER_LAUNCHER_SOCKET=${LAUNCHER_SOCKET}`],
       ["Exec", `jmp run --exporter-config ${configPath(inst.name)}`],
     ]],
     // ExitAndReplace: the exporter exits cleanly when its lease ends and must stay down until the controller

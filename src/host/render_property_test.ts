@@ -32,6 +32,7 @@ import {
   type RenderedInstance,
   renderInstance,
   SSH_FORWARD_PORT,
+  STAGED_EXEC,
 } from "./render.ts";
 import { type ApplyOptions, applyScript, removeScript } from "./remote.ts";
 
@@ -131,12 +132,35 @@ export function tryRender(inst: Instance): RenderedInstance | undefined {
 /** Every key we write, by section; anything else in a quadlet is a value that escaped into a line of its own. */
 const UNIT_KEYS: Record<string, string[]> = {
   Unit: ["Description", "BindsTo", "After"],
-  Container: ["Image", "Pull", "ContainerName", "Label", "Volume", "AddDevice", "Network", "Exec"],
-  Service: ["Restart", "RestartSec", "TimeoutStartSec"],
+  Container: [
+    "Image",
+    "Pull",
+    "ContainerName",
+    "Label",
+    "Volume",
+    "AddDevice",
+    "Network",
+    "Exec",
+    "User",
+    "Group",
+    "Environment",
+  ],
+  Service: ["ExecStartPre", "Restart", "RestartSec", "TimeoutStartSec"],
   Install: ["WantedBy"],
 };
 /** Quadlet splits these on whitespace and unquotes them, so they must hold neither. */
-const WORD_KEYS = new Set(["Image", "Pull", "ContainerName", "Label", "Volume", "AddDevice", "Network"]);
+const WORD_KEYS = new Set([
+  "Image",
+  "Pull",
+  "ContainerName",
+  "Label",
+  "Volume",
+  "AddDevice",
+  "Network",
+  "User",
+  "Group",
+  "Environment",
+]);
 
 /** The keys and values of a quadlet, after checking each line is one systemd reads as we mean it. */
 function unitLines(content: string, inst: Instance): [string, string][] {
@@ -196,6 +220,15 @@ function checkQuadlet(r: RenderedInstance, inst: Instance, role: "runtime" | "ex
   if (role === "exporter") {
     assert.deepEqual(all("Exec"), [`jmp run --exporter-config ${CONFIG_DIR}/${inst.name}.yaml`]);
     assert.deepEqual(all("Restart"), [inst.exitOnLeaseEnd ? "on-failure" : "always"]);
+    assert.deepEqual(all("User"), ["65532"]);
+    assert.deepEqual(all("Environment"), ["JUMPSTARTER_LAUNCHER_SOCKET=/shared/launcher.sock"]);
+  } else {
+    assert.deepEqual(all("User"), ["0"]);
+    // the staging command is split on whitespace by systemd: every value in it is one word
+    const [stage] = all("ExecStartPre");
+    const exporterImage = inst.params.images.exporter.image;
+    assert.deepEqual(stage.split(" ").slice(-3), [exporterImage, "/jumpstarter/bin/jumpstarter-exec", STAGED_EXEC]);
+    assert.doesNotMatch(exporterImage, /[\s"'\\]/);
   }
 }
 
@@ -231,8 +264,11 @@ export function intendedConfig(inst: Instance): Json {
         ["disk_size", p.storage && qemuQuantity(p.storage)],
         ...Object.entries(config),
         ["hostfwd", hostfwd],
+        ...("default_partitions" in config
+          ? []
+          : [["default_partitions", firmwareFor("arch" in config ? config.arch : p.arch)]]),
         ["launcher_socket", LAUNCHER_SOCKET],
-      ]),
+      ] as [string, unknown][]),
     }];
   });
   const hasTcp = inst.drivers.some((d) => d.name === "tcp" || (d.ref === undefined && d.type === TCP_DRIVER_TYPE));
@@ -248,6 +284,12 @@ export function intendedConfig(inst: Instance): Json {
     export: obj(exported),
   };
 }
+
+/** Upstream's firmware defaults: AAVMF for aarch64 guests, OVMF for any other. */
+const firmwareFor = (arch: unknown) => {
+  const [dir, prefix] = arch === "aarch64" ? ["/usr/share/AAVMF", "AAVMF"] : ["/usr/share/edk2/ovmf", "OVMF"];
+  return { "OVMF_CODE.fd": `${dir}/${prefix}_CODE.fd`, "OVMF_VARS.fd": `${dir}/${prefix}_VARS.fd` };
+};
 
 /** The config file's text as the host stores it: the UTF-8 the apply script writes, read back. */
 export function configOnHost(r: RenderedInstance, inst: Instance): string {
@@ -290,8 +332,9 @@ put() { rec put "$@"; }
 link() { rec link "$@"; }
 mkdir() { rec mkdir "$@"; }
 chmod() { rec chmod "$@"; }
+chown() { rec chown "$@"; }
 `;
-const CARRIERS = /^(?:(?:UID_|RT|EX|RTQ|EXQ)=|check_owner |put |link |\(umask 022 && mkdir |chmod 0700 )/;
+const CARRIERS = /^(?:(?:UID_|RT|EX|RTQ|EXQ)=|check_owner |put |link |\(umask 022 && mkdir |chmod 0700 |chown )/;
 
 function records(out: Uint8Array): string[][] {
   const parts = new TextDecoder().decode(out).split("\0");
@@ -313,11 +356,13 @@ function expectedCalls(r: RenderedInstance): string[][] {
     ...all.map((p) => ["check_owner", p, r.uid]),
     ["mkdir", "-p", ...new Set(all.map(dir))],
     ["chmod", "0700", ...new Set(secretDirs)],
+    ...r.files.filter((f) => f.owner !== 0).map((f) => ["chown", `${f.owner}:${f.owner}`, dir(f.path)]),
     ...r.files.flatMap((f) => [
       [
         "put",
         f.path,
         f.mode.toString(8),
+        String(f.owner),
         createHash("sha256").update(f.content, "utf8").digest("hex"),
         Buffer.from(f.content, "utf8").toString("base64"),
       ],
@@ -336,7 +381,7 @@ function expectedCalls(r: RenderedInstance): string[][] {
 
 /** The script with the content of every file write (its hash and base64 payload) blanked out. */
 const withoutPayloads = (script: string) =>
-  script.replace(/^(put '[^']*' [0-7]+) [0-9a-f]{64} '[A-Za-z0-9+/=]*'$/gm, "$1 HASH 'PAYLOAD'");
+  script.replace(/^(put '[^']*' [0-7]+ [0-9]+) [0-9a-f]{64} '[A-Za-z0-9+/=]*'$/gm, "$1 HASH 'PAYLOAD'");
 
 const applyOptions = fc.record({
   kvmRequired: fc.boolean(),

@@ -16,6 +16,7 @@ Deno.test("the seed's example renders upstream's enriched ExporterConfig", () =>
   assert.equal(cfg.path, "/etc/jumpstarter/exporters/aarch64-ssh-pool-x7k2p.d/aarch64-ssh-pool-x7k2p.yaml");
   assert.deepEqual(cfg.links, ["/etc/jumpstarter/exporters/aarch64-ssh-pool-x7k2p.yaml"]);
   assert.equal(cfg.mode, 0o600);
+  assert.equal(cfg.owner, 65532, "the exporter runs as uid 65532 and must read its config");
   assert.equal(cfg.secret, true);
   assert.deepEqual(parse(cfg.content), {
     apiVersion: "jumpstarter.dev/v1alpha1",
@@ -33,6 +34,10 @@ Deno.test("the seed's example renders upstream's enriched ExporterConfig", () =>
           smp: 4,
           mem: "4G",
           disk_size: "16G",
+          default_partitions: {
+            "OVMF_CODE.fd": "/usr/share/AAVMF/AAVMF_CODE.fd",
+            "OVMF_VARS.fd": "/usr/share/AAVMF/AAVMF_VARS.fd",
+          },
           launcher_socket: "/shared/launcher.sock",
           hostfwd: { ssh: { protocol: "tcp", hostaddr: "127.0.0.1", hostport: 2222, guestport: 22 } },
         },
@@ -84,6 +89,10 @@ Deno.test("template config wins over class defaults, except launcher_socket; use
     smp: 4,
     mem: "2G",
     disk_size: "16G",
+    default_partitions: {
+      "OVMF_CODE.fd": "/usr/share/AAVMF/AAVMF_CODE.fd",
+      "OVMF_VARS.fd": "/usr/share/AAVMF/AAVMF_VARS.fd",
+    },
     launcher_socket: "/shared/launcher.sock",
     hostfwd: {
       ssh: { protocol: "tcp", hostaddr: "127.0.0.1", hostport: 2222, guestport: 22 },
@@ -114,14 +123,32 @@ Deno.test("the tcp driver is not added twice, and follows a moved ssh forward", 
     drivers: [{ ...qemu, config: { hostfwd: { ssh: { protocol: "tcp", hostaddr: "127.0.0.1", hostport: 2200 } } } }],
   }));
   assert.deepEqual(parse(fileOf(moved, ".yaml").content).export.tcp.config, { host: "127.0.0.1", port: 2200 });
-  // no params beyond the host: no defaults invented, only the socket and the forward
+  // no params beyond the host: no defaults invented, only the socket, the forward and upstream's firmware
   const bare = renderInstance(
     seedInstance({ params: { ...seedParams, arch: undefined, cpu: undefined, memory: undefined, storage: undefined } }),
   );
-  assert.deepEqual(Object.keys(parse(fileOf(bare, ".yaml").content).export.qemu.config).sort(), [
-    "hostfwd",
-    "launcher_socket",
-  ]);
+  const bareQemu = parse(fileOf(bare, ".yaml").content).export.qemu.config;
+  assert.deepEqual(Object.keys(bareQemu).sort(), ["default_partitions", "hostfwd", "launcher_socket"]);
+  assert.deepEqual(bareQemu.default_partitions, {
+    "OVMF_CODE.fd": "/usr/share/edk2/ovmf/OVMF_CODE.fd",
+    "OVMF_VARS.fd": "/usr/share/edk2/ovmf/OVMF_VARS.fd",
+  });
+});
+
+Deno.test("default_partitions follow the template's arch, and the template's own are kept", () => {
+  const qemu = (config: Record<string, unknown>) =>
+    parse(
+      fileOf(
+        renderInstance(
+          seedInstance({ drivers: [{ name: "qemu", type: "jumpstarter_driver_qemu.driver.Qemu", config }] }),
+        ),
+        ".yaml",
+      ).content,
+    ).export.qemu.config;
+  assert.equal(qemu({ arch: "x86_64" }).default_partitions["OVMF_CODE.fd"], "/usr/share/edk2/ovmf/OVMF_CODE.fd");
+  assert.deepEqual(qemu({ default_partitions: { "OVMF_CODE.fd": "/fw/code.fd" } }).default_partitions, {
+    "OVMF_CODE.fd": "/fw/code.fd",
+  });
 });
 
 Deno.test("quadlets: ownership, images, shared volume and netns, kvm to both, atomic-friendly config mount", () => {
@@ -182,6 +209,25 @@ Deno.test("quadlets: ownership, images, shared volume and netns, kvm to both, at
   );
   assert.match(ex.content, new RegExp(`^Exec=jmp run --exporter-config /etc/jumpstarter/exporters/${n}\\.yaml$`, "m"));
   assert.deepEqual(r.devices, ["/dev/ttyUSB0", "/dev/bus/usb/001/002"]);
+  // upstream's container contract: root runtime, non-root exporter, the launcher staged from the exporter image
+  assert.match(rt.content, /^User=0$/m);
+  assert.match(
+    rt.content,
+    new RegExp(`^Environment=JUMPSTARTER_EXEC_LOG_FIELDS=component=exporter,exporter=${n},namespace=jumpstarter$`, "m"),
+  );
+  assert.match(
+    rt.content,
+    new RegExp(
+      `^ExecStartPre=podman run --rm --replace --name ${n}-stage --pull always --network none --user 0 ` +
+        `--entrypoint cp --volume jumpstarter-${n}-shared:/shared:z registry\\.example\\.com/jumpstarter:0\\.7 ` +
+        "/jumpstarter/bin/jumpstarter-exec /shared/jumpstarter-exec$",
+      "m",
+    ),
+    "the exporter image (and its pull policy) supplies the runtime's launcher",
+  );
+  assert.match(ex.content, /^User=65532$/m);
+  assert.match(ex.content, /^Group=65532$/m);
+  assert.match(ex.content, /^Environment=JUMPSTARTER_LAUNCHER_SOCKET=\/shared\/launcher\.sock$/m);
 
   const noKvm = renderInstance(seedInstance({ params: { ...seedParams, runtime: { kvm: false, devices: [] } } }));
   for (const f of noKvm.files) assert.doesNotMatch(f.content, /AddDevice/);

@@ -80,6 +80,7 @@ export class Controller {
       applied: new Map(),
       expectations: new Map(),
       statuses: new Map(),
+      exporterFailures: new Map(),
     };
     this.queue = new WorkQueue({
       concurrency: opts.concurrency ?? 4,

@@ -11,8 +11,12 @@ export interface ExporterView {
   enabled: boolean;
   leased: boolean;
   deleting: boolean;
-  /** Its exporter process exited after a lease ended (ExitAndReplace). */
-  exited: boolean;
+  /**
+   * Jumpstarter says its lease ended (a Lease naming it has status.ended). ExitAndReplace gives every lease a fresh
+   * instance, whether or not the exporter process exited by itself: an exit alone is no evidence (`jmp run` also exits
+   * 0 after failing to reach the controller), and released exporters may ignore exitOnLeaseEnd.
+   */
+  leaseEnded: boolean;
   createdAt: string;
 }
 
@@ -85,8 +89,8 @@ export function plan(input: PlanInput): Plan {
   const demand = input.waitForFirstConsumer ? input.pendingDemand : 0;
   const { desired, wanted } = desiredCount(input.spec, leased, demand);
 
-  // ExitAndReplace: an instance whose exporter exited after its lease is removed and replaced by a fresh one.
-  const recycled = s.recycleStrategy === "ExitAndReplace" ? live.filter((e) => e.exited && !e.leased) : [];
+  // ExitAndReplace: an instance whose lease ended is removed and replaced by a fresh one.
+  const recycled = s.recycleStrategy === "ExitAndReplace" ? live.filter((e) => e.leaseEnded && !e.leased) : [];
   const recycledNames = new Set(recycled.map((e) => e.name));
   const candidates = live.filter((e) => !recycledNames.has(e.name));
   const enabled = candidates.filter((e) => e.enabled);

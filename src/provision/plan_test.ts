@@ -7,7 +7,7 @@ const ex = (name: string, over: Partial<ExporterView> = {}): ExporterView => ({
   enabled: true,
   leased: false,
   deleting: false,
-  exited: false,
+  leaseEnded: false,
   createdAt: `2026-11-30T10:00:0${name.slice(-1)}Z`,
   ...over,
 });
@@ -78,8 +78,8 @@ Deno.test("plan: a drained exporter is re-enabled when demand returns, before cr
   assert.equal(p.create, 0);
 });
 
-Deno.test("plan: ExitAndReplace replaces an exited exporter; InPlaceReuse keeps it", () => {
-  const exporters = [ex("a1", { exited: true })];
+Deno.test("plan: ExitAndReplace replaces an exporter whose lease ended; InPlaceReuse keeps it", () => {
+  const exporters = [ex("a1", { leaseEnded: true })];
   const replace = plan(input({ exporters }));
   assert.deepEqual(replace.delete, ["a1"]);
   assert.equal(replace.create, 1);

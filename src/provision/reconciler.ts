@@ -24,7 +24,7 @@ import type { Outcome } from "../kube/queue.ts";
 import type { Logger } from "../observe/log.ts";
 import type { Metrics } from "../observe/metrics.ts";
 import { instanceOf, renderInstance } from "../host/render.ts";
-import type { HostOps } from "../host/lab.ts";
+import type { ApplyOutcome, HostOps } from "../host/lab.ts";
 import { SshError } from "../host/ssh.ts";
 import { fieldErrorLine, type InstanceParams, resolveParams } from "./params.ts";
 import {
@@ -72,6 +72,16 @@ export interface Context {
   expectations: Map<string, { names: Set<string>; until: number }>;
   /** The status last written per set key ("ns/name"), for the set of that uid (see lastStatus). */
   statuses: Map<string, { uid: string; status: ExporterSetStatus }>;
+  /** Per Exporter uid: how often its exporter was found down without its lease ending, and when to start it next. */
+  exporterFailures: Map<string, ExporterFailures>;
+}
+
+export interface ExporterFailures {
+  count: number;
+  /** When we last started it again. */
+  at: number;
+  /** Not started again before this (back-off). */
+  nextAt: number;
 }
 
 export interface AppliedState {
@@ -79,7 +89,10 @@ export interface AppliedState {
   at: number;
   host: string;
   ready: boolean;
+  /** The exporter ended by itself and was left down (waiting for its lease to end, or for the back-off). */
   exited: boolean;
+  /** Why the exporter keeps going down, with its last journal lines; undefined while it is healthy. */
+  failing?: string;
   /** Jumpstarter's offline report (see offlineMarker) as it stood when this apply ran. */
   offline?: string;
 }
@@ -132,7 +145,7 @@ export async function reconcile(ctx: Context, key: string): Promise<Outcome> {
     ? await deployAll(ctx, set, cls, live, params, target, problems)
     : { states: new Map<string, AppliedState | undefined>(), waiting: [] };
   // 3. Plan and act.
-  const views = exporterViews(ctx, ns, live, states);
+  const views = exporterViews(ctx, ns, live);
   const pending = pendingCreates(ctx, set, live);
   const p = plan({
     spec: set.spec,
@@ -172,8 +185,19 @@ export async function reconcile(ctx: Context, key: string): Promise<Outcome> {
       retryAfterMs(ctx, problems),
       p.requeueAfterMs ?? Infinity,
       orphanOutcome.requeueAfterMs ?? Infinity,
+      backoffEndsInMs(ctx, live, states),
     ),
   };
+}
+
+/** When the first exporter left down for its back-off may be started again. */
+function backoffEndsInMs(ctx: Context, live: Exporter[], states: Map<string, AppliedState | undefined>): number {
+  const now = ctx.now().getTime();
+  const waits = live.map((e) => {
+    const f = ctx.exporterFailures.get(e.metadata.uid!);
+    return states.get(e.metadata.uid!)?.exited && f ? Math.max(1_000, f.nextAt - now) : Infinity;
+  });
+  return Math.min(Infinity, ...waits);
 }
 
 /** The parts of the status input that do not depend on what this reconcile did. */
@@ -248,22 +272,18 @@ async function deployAll(
       return undefined;
     }
   }));
+  for (const r of results) if (r?.failing) problems.push({ reason: "ExporterFailing", message: r.failing });
   return { states: new Map(live.map((e, i) => [e.metadata.uid!, results[i]])), waiting };
 }
 
-function exporterViews(
-  ctx: Context,
-  ns: string,
-  live: Exporter[],
-  states: Map<string, AppliedState | undefined>,
-): ExporterView[] {
+function exporterViews(ctx: Context, ns: string, live: Exporter[]): ExporterView[] {
   const leases = ctx.caches.leases.list(ns);
   return live.map((e) => ({
     name: e.metadata.name!,
     enabled: e.spec?.enabled !== false,
     leased: isLeased(e, leases),
     deleting: false,
-    exited: states.get(e.metadata.uid!)?.exited ?? false,
+    leaseEnded: leaseState(e, leases) === "ended",
     createdAt: e.metadata.creationTimestamp ?? "",
   }));
 }
@@ -274,7 +294,7 @@ const pendingView = (name: string): ExporterView => ({
   enabled: true,
   leased: false,
   deleting: false,
-  exited: false,
+  leaseEnded: false,
   createdAt: "",
 });
 
@@ -367,11 +387,13 @@ async function deploy(
   const offline = offlineMarker(e);
   if (last && stillApplied(last, hash, offline, now - last.at < ctx.resyncMs)) return last;
 
+  const lease = leaseState(e, ctx.caches.leases.list(ns));
+  const failures = ctx.exporterFailures.get(e.metadata.uid!);
+  // An exporter that exited while a lease names it is left down: Jumpstarter is about to end that lease, and the plan
+  // then replaces the instance. With no lease it should not have exited: it is started again, with back-off.
+  const holdExited = instance.exitOnLeaseEnd && (lease !== "none" || (failures !== undefined && now < failures.nextAt));
   const started = performance.now();
-  const report = await ctx.hosts.apply(target, rendered, {
-    kvmRequired: params.runtime.kvm,
-    keepExited: instance.exitOnLeaseEnd,
-  });
+  const report = await ctx.hosts.apply(target, rendered, { kvmRequired: params.runtime.kvm, keepExited: holdExited });
   ctx.metrics.deploySeconds.observe({ host: target.host }, (performance.now() - started) / 1000);
   if (report.errors.length) throw new DeployError(report.errors.join("; "), report.errorCode);
   if (report.changed.length && !last) {
@@ -390,6 +412,7 @@ async function deploy(
     host: target.host,
     ready: report.ready,
     exited: report.exited,
+    failing: trackFailures(ctx, e, report, last !== undefined, now),
     offline,
   };
   ctx.applied.set(e.metadata.uid!, state);
@@ -401,6 +424,45 @@ async function deploy(
     await annotate(ctx, e, { [HOST_ANNOTATION]: target.host, [RECLAIM_ANNOTATION]: reclaim ?? null });
   }
   return state;
+}
+
+/** Starts counted before the set reports the exporter as failing; systemd's own restarts after crashes count too. */
+const FAILING_AFTER = 3;
+const BACKOFF_FIRST_MS = 10_000;
+const BACKOFF_MAX_MS = 5 * 60_000;
+/** Up this long since we last had to start it: the exporter is healthy again and its count starts over. */
+const HEALTHY_AFTER_MS = 10 * 60_000;
+
+/**
+ * Counts the starts of an exporter that went down by itself (not the first start, not a restart for a change) and
+ * returns the problem to report once they pile up. Exit status is not evidence of anything: a crash and a clean exit
+ * without a lease end are the same failure to the set.
+ */
+function trackFailures(
+  ctx: Context,
+  e: Exporter,
+  report: ApplyOutcome,
+  deployedBefore: boolean,
+  now: number,
+): string | undefined {
+  const uid = e.metadata.uid!;
+  let f = ctx.exporterFailures.get(uid);
+  if (report.startedExporter && deployedBefore) {
+    const count = (f?.count ?? 0) + 1;
+    f = { count, at: now, nextAt: now + Math.min(BACKOFF_FIRST_MS * 2 ** (count - 1), BACKOFF_MAX_MS) };
+    ctx.exporterFailures.set(uid, f);
+    ctx.log.warn("exporter was down, started it again", { exporter: e.metadata.name, times: count });
+  } else if (f && report.ready && now - f.at > HEALTHY_AFTER_MS) {
+    ctx.exporterFailures.delete(uid);
+    f = undefined;
+  }
+  // systemd's count also grows with every reload an exporter does by restarting (SIGHUP makes `jmp run` exit), so it
+  // says "failing" only while the exporter is down
+  const times = Math.max(f?.count ?? 0, report.ready ? 0 : report.exporterRestarts);
+  if (times < FAILING_AFTER) return undefined;
+  const lines = report.journal.length ? `; last lines: ${report.journal.join(" | ")}` : "";
+  return `${e.metadata.name}: the exporter went down ${times} times without its lease ending; restarting it with ` +
+    `back-off (journalctl -u ${e.metadata.name}-exporter on the host)${lines}`;
 }
 
 /**
@@ -512,6 +574,7 @@ async function finalize(
     }
   }
   ctx.applied.delete(e.metadata.uid!);
+  ctx.exporterFailures.delete(e.metadata.uid!);
   await ctx.client.mergePatch(EXPORTERS, e.metadata.namespace, e.metadata.name!, {
     metadata: {
       resourceVersion: e.metadata.resourceVersion,
@@ -606,6 +669,12 @@ export function deployedTarget(ctx: Context, e: Exporter): LabTarget | undefined
 function isLeased(e: Exporter, leases: Lease[]): boolean {
   if (e.status?.leaseRef?.name) return true;
   return leases.some((l) => !l.status?.ended && l.status?.exporterRef?.name === e.metadata.name);
+}
+
+/** Jumpstarter's word on an Exporter's leases: none names it, one is under way, or the one it had has ended. */
+function leaseState(e: Exporter, leases: Lease[]): "none" | "active" | "ended" {
+  if (isLeased(e, leases)) return "active";
+  return leases.some((l) => l.status?.ended && l.status?.exporterRef?.name === e.metadata.name) ? "ended" : "none";
 }
 
 function pendingCreates(ctx: Context, set: ExporterSet, live: Exporter[]): string[] {

@@ -25,9 +25,12 @@
 #   LAB_EXTRA_PKGS=""            extra comma separated packages for the base rootfs (changes its cache key)
 #   LAB_NSPAWN_ARGS=""           extra systemd-nspawn args, e.g. "--bind=/dev/ttyUSB0"
 #   LAB_BOOT_TIMEOUT=90          seconds to wait for sshd
+#   LAB_IMAGES=""                "TARBALL=TAG ..." (space separated): at boot, podman-import each rootfs tarball
+#                                under TAG over the stand-in (with the --change lines of TARBALL.changes), only when
+#                                it changed; e.g. the real exporter image of test/jumpstarter/image.sh
 #   QSP_CACHE                    cache root, default ${XDG_CACHE_HOME:-$HOME/.cache}/qemu-ssh-provisioner;
 #                                the base tarball, .debs and stand-in binary live in $QSP_CACHE/labhost
-#   SUITE=trixie  MIRROR=http://deb.debian.org/debian
+#   SUITE=trixie  MIRROR (or DEBIAN_MIRROR)      default: the first Debian archive in this machine's apt sources
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -38,9 +41,10 @@ LAB_PREFIX=${LAB_PREFIX:-24}
 LAB_KVM=${LAB_KVM:-auto}
 LAB_EXTRA_PKGS=${LAB_EXTRA_PKGS:-}
 LAB_NSPAWN_ARGS=${LAB_NSPAWN_ARGS:-}
+LAB_IMAGES=${LAB_IMAGES:-}
 LAB_BOOT_TIMEOUT=${LAB_BOOT_TIMEOUT:-90}
 SUITE=${SUITE:-trixie}
-MIRROR=${MIRROR:-http://deb.debian.org/debian}
+MIRROR=${MIRROR:-$(bash "$HERE/debian-mirror.sh")} # DEBIAN_MIRROR, else this machine's apt sources
 CACHE_DIR=${QSP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/qemu-ssh-provisioner}/labhost
 
 KEY=$LAB_DIR/keys/id_ed25519
@@ -201,32 +205,39 @@ install_host_files() {
     install -m755 /dev/stdin "$R"/usr/local/sbin/labhost-images <<'EOF'
 #!/bin/sh
 # Builds the stand-ins for the production images from /usr/local/lib/labhost/standin (podman import), tagged with
-# the production names so that quadlets with the default Pull=missing use them. Rebuilt when the binary changes.
+# the production names so that quadlets with the default Pull=missing use them. Rebuilt when the binary or this
+# recipe changes. They keep upstream's container contract, so that a deploy that breaks it fails here as it would with the real
+# images: the runtime image has USER 65532 and no launcher of its own (ENTRYPOINT /shared/jumpstarter-exec, which
+# the controller must stage from the exporter image); the exporter image has USER 65532 and carries
+# /jumpstarter/bin/jumpstarter-exec.
 set -eu
-sum=$(sha256sum /usr/local/lib/labhost/standin | cut -c1-16)
+sum=$(cat /usr/local/lib/labhost/standin "$0" | sha256sum | cut -c1-16)
 build() { # IMAGE ROLE CHANGES...
     img=$1; role=$2; shift 2
+    # an image given with LAB_IMAGES (labhost-lab-images) takes the place of the stand-in
+    if grep -q "^[0-9]* $img " /etc/labhost/images.list 2>/dev/null; then return 0; fi
     have=$(podman image inspect --format '{{index .Config.Labels "labhost.standin"}}' "$img" 2>/dev/null || true)
     [ "$have" = "$sum" ] && return 0
     d=$(mktemp -d)
-    mkdir -p $d/bin $d/etc $d/tmp $d/proc $d/sys $d/dev $d/run $d/shared $d/usr/local/bin $d/jumpstarter/bin
+    mkdir -p $d/bin $d/etc $d/tmp $d/proc $d/sys $d/dev $d/run $d/shared
     chmod 1777 $d/tmp
     cp /usr/bin/busybox $d/bin/busybox
     for a in $(/usr/bin/busybox --list); do [ -e $d/bin/$a ] || ln -s busybox $d/bin/$a; done
     echo 'root:x:0:0:root:/root:/bin/sh' >$d/etc/passwd
     echo 'root:x:0:' >$d/etc/group
-    cp /usr/local/lib/labhost/standin $d/usr/local/bin/standin
-    ln -s standin $d/usr/local/bin/qemu-runtime-standin
-    ln -s ../../usr/local/bin/standin $d/jumpstarter/bin/jmp
+    if [ "$role" = exporter ]; then
+        mkdir -p $d/jumpstarter/bin
+        cp /usr/local/lib/labhost/standin $d/jumpstarter/bin/jumpstarter-exec
+        ln -s jumpstarter-exec $d/jumpstarter/bin/jmp
+    fi
     tar -C $d -c . | podman import --change "LABEL=labhost.standin=$sum" --change "LABEL=labhost.role=$role" \
-        --change 'ENV=PATH=/jumpstarter/bin:/usr/local/bin:/bin' "$@" - "$img" >/dev/null
+        --change 'ENV=PATH=/jumpstarter/bin:/bin' --change 'USER=65532:65532' "$@" - "$img" >/dev/null
     rm -rf $d
     echo "labhost-images: built $img ($role, standin $sum)"
 }
-# the runtime's arguments (if a quadlet gives Exec=) are appended to the entrypoint and only logged
 build quay.io/jumpstarter-dev/virtual/qemu-runtime:latest runtime \
-    --change 'ENTRYPOINT=["/usr/local/bin/qemu-runtime-standin"]'
-# no entrypoint, like a plain image: the quadlet's Exec=jmp run ... is the command
+    --change 'ENTRYPOINT=["/shared/jumpstarter-exec"]' --change 'CMD=["serve","--socket","/shared/launcher.sock"]'
+# no entrypoint, like upstream's image: the quadlet's Exec=jmp run ... is the command
 build quay.io/jumpstarter-dev/jumpstarter:latest exporter --change 'CMD=["jmp","--help"]'
 # the images a changed binary replaced
 podman image prune -f >/dev/null
@@ -265,6 +276,68 @@ EOF
     for u in labhost-images.service labhost-kvm.service; do
         ln -sf "/etc/systemd/system/$u" "$R/etc/systemd/system/multi-user.target.wants/$u"
     done
+}
+
+# ---------------------------------------------------------------- real images (LAB_IMAGES)
+# Each "TARBALL=TAG" of LAB_IMAGES is bind-mounted read-only into the host (no copy on the outer machine) and
+# podman-imported under TAG at boot, after the stand-ins, which it replaces; again only when its digest changed.
+# Podman's --change lines come from TARBALL.changes, if there is one (test/jumpstarter/image.sh writes it).
+install_lab_images() {
+    local N=$1 R D i=0 e T tag
+    R=$(hostdir "$N")/rootfs
+    D=/var/lib/labhost/images
+    # a host that never had LAB_IMAGES keeps its boot free of the extra unit
+    [ -n "${LAB_IMAGES// /}" ] || [ -f "$R/etc/labhost/images.list" ] || return 0
+    rm -rf "$R$D" "$R/etc/labhost/images"
+    mkdir -p "$R$D" "$R/etc/labhost/images"
+    : >"$R/etc/labhost/images.list"
+    for e in $LAB_IMAGES; do
+        T=${e%=*} tag=${e##*=}
+        [[ $e == *=* && -n $tag && $T != *:* ]] || die "LAB_IMAGES: bad entry '$e' (TARBALL=TAG, no ':' in TARBALL)"
+        T=$(realpath "$T") && [ -f "$T" ] || die "LAB_IMAGES: no such file: ${e%=*}"
+        i=$((i + 1))
+        : >"$R$D/$i.archive"
+        cat "$T.changes" 2>/dev/null >"$R/etc/labhost/images/$i.changes" || true
+        echo "$i $tag $(cat "$T" "$R/etc/labhost/images/$i.changes" | sha256sum | cut -c1-16)" \
+            >>"$R/etc/labhost/images.list"
+        LAB_NSPAWN_ARGS+=" --bind-ro=$T:$D/$i.archive"
+    done
+    install -m755 /dev/stdin "$R"/usr/local/sbin/labhost-lab-images <<'EOF'
+#!/bin/sh
+# Imports the images of /etc/labhost/images.list (NUMBER TAG DIGEST) from /var/lib/labhost/images/NUMBER.archive with
+# the --change lines of /etc/labhost/images/NUMBER.changes, unless TAG already has label labhost.image=DIGEST.
+set -eu
+label() { podman image inspect --format "{{index .Config.Labels \"$2\"}}" "$1" 2>/dev/null || true; }
+listed=" "
+while read -r n tag digest; do
+    listed="$listed$tag "
+    [ "$(label "$tag" labhost.image)" = "$digest" ] && continue
+    set -- --change "LABEL=labhost.image=$digest"
+    while IFS= read -r c; do [ -z "$c" ] || set -- "$@" --change "$c"; done <"/etc/labhost/images/$n.changes"
+    podman import "$@" "/var/lib/labhost/images/$n.archive" "$tag" >/dev/null
+    echo "labhost-lab-images: imported $tag ($digest)"
+done </etc/labhost/images.list
+# an image no longer listed makes way for the stand-in again
+gone=
+for t in $(podman images --filter label=labhost.image --filter dangling=false --format '{{.Repository}}:{{.Tag}}'); do
+    case "$listed" in *" $t "*) ;; *) podman untag "$t" "$t"; gone=1 ;; esac
+done
+[ -z "$gone" ] || /usr/local/sbin/labhost-images
+podman image prune -f >/dev/null
+EOF
+    cat >"$R"/etc/systemd/system/labhost-lab-images.service <<'EOF'
+[Unit]
+Description=Import the images given with LAB_IMAGES over the stand-ins
+After=labhost-images.service
+Before=ssh.service
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/usr/local/sbin/labhost-lab-images
+[Install]
+WantedBy=multi-user.target
+EOF
+    ln -sf /etc/systemd/system/labhost-lab-images.service "$R"/etc/systemd/system/multi-user.target.wants/
 }
 
 create_host() {
@@ -438,6 +511,7 @@ cmd_up() {
     if ! running_pid "$N" >/dev/null; then
         build_all
         create_host "$N" "$IP"
+        install_lab_images "$N"
         setup_net "$N" "$IP"
         boot_host "$N"
     fi

@@ -32,6 +32,8 @@ export interface LabNet {
   bridge: string;
   /** first three octets of a /24, e.g. "10.78.0"; the bridge gets .1, host hN gets .(10+N) */
   subnet: string;
+  /** Image tarballs imported under these tags at boot, in place of the stand-ins (labhost.sh's LAB_IMAGES). */
+  images?: { tarball: string; tag: string }[];
 }
 
 export interface ExecResult {
@@ -49,6 +51,7 @@ export function labNetEnv(net: LabNet): Record<string, string> {
     LAB_BRIDGE: net.bridge,
     LAB_BRIDGE_ADDR: `${net.subnet}.1`,
     LAB_PREFIX: "24",
+    LAB_IMAGES: (net.images ?? []).map((i) => `${i.tarball}=${i.tag}`).join(" "),
   };
 }
 

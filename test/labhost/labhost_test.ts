@@ -53,7 +53,8 @@ function quadlets(n: string): Record<string, string> {
     [`/etc/containers/systemd/${n}-shared.volume`]: `[Volume]
 VolumeName=${n}-shared
 `,
-    // its own network namespace on podman's default bridge: every runtime can listen on 127.0.0.1:2222
+    // its own network namespace on podman's default bridge: every runtime can listen on 127.0.0.1:2222; upstream's
+    // contract: run as root, with the launcher staged from the exporter image first
     [`/etc/containers/systemd/${n}-runtime.container`]: `[Unit]
 Description=${n} QEMU runtime
 [Container]
@@ -62,7 +63,10 @@ ContainerName=${n}-runtime
 Network=bridge
 AddDevice=/dev/kvm
 Volume=${n}-shared.volume:/shared
+User=0
 [Service]
+ExecStartPre=podman run --rm --user 0 --entrypoint cp -v ${n}-shared:/shared quay.io/jumpstarter-dev/jumpstarter:latest \\
+  /jumpstarter/bin/jumpstarter-exec /shared/jumpstarter-exec
 Restart=on-failure
 `,
     // Network=<unit>.container becomes --network container:<n>-runtime plus Requires=/After= on its service
@@ -75,6 +79,7 @@ Network=${n}-runtime.container
 AddDevice=/dev/kvm
 Volume=${n}-shared.volume:/shared
 Volume=/etc/jumpstarter/exporters/${n}.yaml:/etc/jumpstarter/exporters/${n}.yaml:ro
+User=65532
 Exec=jmp run --exporter-config /etc/jumpstarter/exporters/${n}.yaml
 [Service]
 Restart=on-failure
@@ -156,7 +161,7 @@ Deno.test({
           ),
         );
         assert.ok(!log.includes("test-secret"), "the token must never be logged");
-        assert.match(await journal(h1, `${n}-runtime`), /qemu-runtime-standin: ssh connection from 127\.0\.0\.1/);
+        assert.match(await journal(h1, `${n}-runtime`), /jumpstarter-exec: ssh connection from 127\.0\.0\.1/);
       }
       console.log(
         `daemon-reload+start ${ms(tStarted - tDeploy)}, both exporters reporting ${ms(performance.now() - tDeploy)}`,
@@ -181,7 +186,7 @@ Deno.test({
       await sh(h1, `systemctl stop ${units}`);
       console.log(`stop ${ms(performance.now() - tStop)}`);
       assert.match(await journal(h1, "qsp-a-exporter"), /standin-exporter: SIGTERM, exiting/);
-      assert.match(await journal(h1, "qsp-a-runtime"), /qemu-runtime-standin: SIGTERM, exiting/);
+      assert.match(await journal(h1, "qsp-a-runtime"), /jumpstarter-exec: SIGTERM, exiting/);
       await sh(
         h1,
         `rm -f ${Object.keys(files).join(" ")} && systemctl daemon-reload && ` +

@@ -73,6 +73,8 @@ func exporterMain(path string) int {
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 
+	logf("standin-exporter: starting uid=%d JUMPSTARTER_LAUNCHER_SOCKET=%s", os.Getuid(),
+		orUnset(os.Getenv("JUMPSTARTER_LAUNCHER_SOCKET")))
 	cfg, err := loadConfig(path)
 	if err != nil {
 		logf("standin-exporter: config error: %v", err)

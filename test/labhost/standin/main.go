@@ -2,11 +2,15 @@
 //
 // One static binary plays two roles, picked from argv[0] or the first argument:
 //
-//	qemu-runtime-standin | standin runtime    stands in for quay.io/jumpstarter-dev/virtual/qemu-runtime
-//	jmp | standin exporter                     stands in for quay.io/jumpstarter-dev/jumpstarter ("jmp run ...")
+//	jumpstarter-exec serve --socket PATH   stands in for upstream's launcher, which the exporter image carries at
+//	                                       /jumpstarter/bin/jumpstarter-exec and the runtime image runs from the
+//	                                       shared volume (/shared/jumpstarter-exec) once it has been staged there
+//	jmp run --exporter-config FILE         stands in for quay.io/jumpstarter-dev/jumpstarter's exporter
 //
-// The runtime does not run QEMU: it only offers what the exporter reaches for, the launcher socket in the shared
-// volume and the guest's ssh forward on 127.0.0.1:2222 in its network namespace. The exporter reads its
+// The images built from it keep upstream's contract (labhost.sh): the runtime image has USER 65532 and no launcher
+// of its own, so it only starts when the controller staged the launcher and runs it as root; the exporter image has
+// USER 65532. The launcher does not run QEMU: it offers what the exporter reaches for, the launcher socket in the
+// shared volume and the guest's ssh forward on 127.0.0.1:2222 in its network namespace. The exporter reads its
 // ExporterConfig, checks that both answer and that /dev/kvm is there, and logs what it found, so tests can assert
 // on the journal of a real quadlet deployment.
 package main
@@ -44,24 +48,24 @@ func sigName(s os.Signal) string {
 }
 
 func usage() int {
-	fmt.Fprintln(os.Stderr, "usage: standin runtime [ARGS...] | standin exporter run --exporter-config FILE")
-	fmt.Fprintln(os.Stderr, "       (or invoked as qemu-runtime-standin / jmp)")
+	fmt.Fprintln(os.Stderr, "usage: jumpstarter-exec serve --socket PATH | jmp run --exporter-config FILE")
+	fmt.Fprintln(os.Stderr, "       (or standin jumpstarter-exec ... / standin jmp ...)")
 	return 2
 }
 
 func main() {
 	args := os.Args[1:]
 	role := filepath.Base(os.Args[0])
-	if role != "jmp" && role != "qemu-runtime-standin" {
+	if role != "jmp" && role != "jumpstarter-exec" {
 		if len(args) == 0 {
 			os.Exit(usage())
 		}
 		role, args = args[0], args[1:]
 	}
 	switch role {
-	case "qemu-runtime-standin", "runtime":
-		os.Exit(runRuntime(args))
-	case "jmp", "exporter":
+	case "jumpstarter-exec":
+		os.Exit(runExec(args))
+	case "jmp":
 		os.Exit(runJmp(args))
 	default:
 		os.Exit(usage())

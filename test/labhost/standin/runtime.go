@@ -3,58 +3,88 @@ package main
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strings"
 	"syscall"
 )
 
-const sshBanner = "SSH-2.0-qemu-runtime-standin"
+const sshBanner = "SSH-2.0-jumpstarter-exec-standin"
+
+// defaultSSHListen is where the stand-in plays QEMU's ssh forward. An image whose QEMU really runs (the 0.9.0
+// exporter image of the real chain) builds it empty with -ldflags "-X main.defaultSSHListen=", leaving the port to
+// QEMU.
+var defaultSSHListen = "127.0.0.1:2222"
 
 func getenv(key, def string) string {
-	if v := os.Getenv(key); v != "" {
+	if v, ok := os.LookupEnv(key); ok {
 		return v
 	}
 	return def
 }
 
-// runRuntime serves the launcher socket and the ssh forward until SIGTERM. Arguments are only logged: a quadlet's
-// Exec= is appended to the image's entrypoint, and whatever the real runtime would take must not break the stand-in.
-func runRuntime(args []string) int {
-	sockPath := getenv("STANDIN_LAUNCHER_SOCKET", "/shared/launcher.sock")
-	sshAddr := getenv("STANDIN_SSH_LISTEN", "127.0.0.1:2222")
-	logf("qemu-runtime-standin: starting pid=%d args=%q kvm=%s", os.Getpid(), args, kvmState())
+// runExec is `jumpstarter-exec serve --socket PATH`: it serves the launcher socket (and the ssh forward) until
+// SIGTERM. Like upstream's launcher it runs as root in the runtime container and makes the socket reachable by the
+// exporter's uid.
+func runExec(args []string) int {
+	sockPath := ""
+	if len(args) > 0 && args[0] == "serve" {
+		for i := 1; i < len(args); i++ {
+			switch {
+			case args[i] == "--socket" && i+1 < len(args):
+				sockPath = args[i+1]
+				i++
+			case strings.HasPrefix(args[i], "--socket="):
+				sockPath = strings.TrimPrefix(args[i], "--socket=")
+			}
+		}
+	}
+	if sockPath == "" {
+		fmt.Fprintln(os.Stderr, "jumpstarter-exec: usage: jumpstarter-exec serve --socket PATH")
+		return 2
+	}
+	sshAddr := getenv("STANDIN_SSH_LISTEN", defaultSSHListen)
+	logf("jumpstarter-exec: starting pid=%d uid=%d kvm=%s log_fields=%q", os.Getpid(), os.Getuid(), kvmState(),
+		os.Getenv("JUMPSTARTER_EXEC_LOG_FIELDS"))
+	// QEMU opens /dev/kvm (root:kvm 0660) from here: a runtime not run as root fails the way the real one would.
+	if kvmState() == "present" && syscall.Access("/dev/kvm", 6 /* R_OK|W_OK */) != nil {
+		logf("jumpstarter-exec: error: /dev/kvm is not accessible to uid %d (the runtime must run as root)", os.Getuid())
+		return 1
+	}
 
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 
-	if err := os.MkdirAll(filepath.Dir(sockPath), 0o755); err != nil {
-		logf("qemu-runtime-standin: error: %v", err)
-		return 1
-	}
 	// a socket left by a killed predecessor in the persistent volume would make Listen fail
 	_ = os.Remove(sockPath)
+	// born 0666: the exporter connects as another uid than this root process
+	old := syscall.Umask(0o111)
 	launcher, err := net.Listen("unix", sockPath)
+	syscall.Umask(old)
 	if err != nil {
-		logf("qemu-runtime-standin: error: launcher socket: %v", err)
+		logf("jumpstarter-exec: error: launcher socket: %v", err)
 		return 1
 	}
 	defer os.Remove(sockPath)
-	ssh, err := net.Listen("tcp", sshAddr)
-	if err != nil {
-		logf("qemu-runtime-standin: error: ssh forward: %v", err)
-		return 1
-	}
 	go serve(launcher, "launcher", handleLauncher)
-	go serve(ssh, "ssh", handleSSH)
-	logf("qemu-runtime-standin: listening launcher=%s ssh=%s", sockPath, sshAddr)
+	var ssh net.Listener
+	if sshAddr != "" {
+		if ssh, err = net.Listen("tcp", sshAddr); err != nil {
+			logf("jumpstarter-exec: error: ssh forward: %v", err)
+			return 1
+		}
+		go serve(ssh, "ssh", handleSSH)
+	}
+	logf("jumpstarter-exec: listening launcher=%s ssh=%s", sockPath, orUnset(sshAddr))
 
 	s := <-sigs
-	logf("qemu-runtime-standin: %s, exiting", sigName(s))
+	logf("jumpstarter-exec: %s, exiting", sigName(s))
 	launcher.Close()
-	ssh.Close()
+	if ssh != nil {
+		ssh.Close()
+	}
 	return 0
 }
 
@@ -63,7 +93,7 @@ func serve(l net.Listener, what string, handle func(net.Conn)) {
 		c, err := l.Accept()
 		if err != nil {
 			if !errors.Is(err, net.ErrClosed) {
-				logf("qemu-runtime-standin: %s accept: %v", what, err)
+				logf("jumpstarter-exec: %s accept: %v", what, err)
 			}
 			return
 		}
@@ -74,8 +104,8 @@ func serve(l net.Listener, what string, handle func(net.Conn)) {
 // The launcher protocol of the real runtime is not modelled: the stand-in greets and logs what it is sent.
 func handleLauncher(c net.Conn) {
 	defer c.Close()
-	logf("qemu-runtime-standin: launcher connection")
-	if _, err := c.Write([]byte("qemu-runtime-standin ready\n")); err != nil {
+	logf("jumpstarter-exec: launcher connection")
+	if _, err := c.Write([]byte("jumpstarter-exec ready\n")); err != nil {
 		return
 	}
 	sc := bufio.NewScanner(c)
@@ -84,7 +114,7 @@ func handleLauncher(c net.Conn) {
 		if len(line) > 200 {
 			line = line[:200] + "..."
 		}
-		logf("qemu-runtime-standin: launcher request %q", line)
+		logf("jumpstarter-exec: launcher request %q", line)
 		if _, err := c.Write([]byte("ok\n")); err != nil {
 			return
 		}
@@ -93,7 +123,7 @@ func handleLauncher(c net.Conn) {
 
 func handleSSH(c net.Conn) {
 	defer c.Close()
-	logf("qemu-runtime-standin: ssh connection from %s", c.RemoteAddr())
+	logf("jumpstarter-exec: ssh connection from %s", c.RemoteAddr())
 	if _, err := c.Write([]byte(sshBanner + "\r\n")); err != nil {
 		return
 	}
