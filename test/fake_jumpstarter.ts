@@ -3,7 +3,7 @@
  * the part this provisioner depends on: for every Exporter it creates the credential Secret `<exporter>-exporter`
  * (key `token`, owner-referenced to the Exporter) and sets `status.credential` and `status.endpoint`.
  * It also stands in for the garbage collector of a cluster without kube-controller-manager by deleting the token
- * Secrets of Exporters that are gone.
+ * Secrets of Exporters that are gone (see jumpstarter/token_secrets.ts).
  */
 import { Buffer } from "node:buffer";
 import type { Exporter, Secret } from "../src/api/types.ts";
@@ -11,6 +11,7 @@ import { isNotFound, type KubeClient } from "../src/kube/client.ts";
 import { Informer } from "../src/kube/informer.ts";
 import { EXPORTERS, SECRETS } from "../src/kube/resources.ts";
 import { silentLogger } from "../src/observe/log.ts";
+import { startTokenSecretCollector } from "./jumpstarter/token_secrets.ts";
 
 export const FAKE_ENDPOINT = "grpc.jumpstarter.sandbox.invalid:443";
 
@@ -52,15 +53,12 @@ export function startFakeJumpstarter(client: KubeClient, namespace?: string): Fa
   };
   exporters.on((type, e) => {
     const key = `${e.metadata.namespace}/${e.metadata.name}`;
-    if (type === "DELETED") {
-      client.delete(SECRETS, e.metadata.namespace, `${e.metadata.name}-exporter`).catch(() => {});
-      return;
-    }
-    if (e.status?.credential || e.metadata.deletionTimestamp || inFlight.has(key)) return;
+    if (type === "DELETED" || e.status?.credential || e.metadata.deletionTimestamp || inFlight.has(key)) return;
     inFlight.add(key);
     issue(e).finally(() => inFlight.delete(key));
   });
   const loop = exporters.run(abort.signal);
+  const collector = startTokenSecretCollector(client, namespace);
   return {
     async rotate(ns, exporter) {
       const token = newToken();
@@ -69,7 +67,7 @@ export function startFakeJumpstarter(client: KubeClient, namespace?: string): Fa
     },
     async stop() {
       abort.abort();
-      await loop;
+      await Promise.all([loop, collector.stop()]);
     },
   };
 }

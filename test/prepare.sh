@@ -10,9 +10,12 @@ if [ "$(id -u)" != 0 ]; then
 fi
 missing=()
 for tool in debootstrap:debootstrap systemd-nspawn:systemd-container zstd:zstd ssh:openssh-client \
-  ssh-keygen:openssh-client openssl:openssl ip:iproute2 flock:util-linux; do
+  ssh-keygen:openssh-client openssl:openssl ip:iproute2 flock:util-linux python3:python3 mformat:mtools; do
   command -v "${tool%%:*}" >/dev/null || missing+=("${tool#*:}")
 done
+# the real chain's wheels are fetched with this machine's pip, its jmp client lives in a venv
+python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
+python3 -c 'import ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "prepare: installing ${missing[*]}" >&2
   apt-get update -q >&2
@@ -26,3 +29,15 @@ echo "prepare: control plane binaries ready ($((SECONDS - t0))s)" >&2
 t0=$SECONDS
 bash test/labhost/labhost.sh base
 echo "prepare: lab host base image ready ($((SECONDS - t0))s)" >&2
+
+# The real Jumpstarter chain: the controller is a CPU-bound Go build; the exporter image and the jmp client mostly
+# download, so they run beside it.
+t0=$SECONDS
+bash test/jumpstarter/image.sh >/dev/null &
+image=$!
+bash test/jumpstarter/jmp.sh >/dev/null &
+client=$!
+bash test/jumpstarter/build.sh >/dev/null
+wait $image || { echo "prepare: building the real exporter image failed" >&2; exit 1; }
+wait $client || { echo "prepare: installing the jmp client failed" >&2; exit 1; }
+echo "prepare: real Jumpstarter controller, exporter image and jmp client ready ($((SECONDS - t0))s)" >&2

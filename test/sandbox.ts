@@ -1,9 +1,11 @@
 /**
- * `deno task sandbox up [--hosts N] | down | status | demo | show | scale N | lease`: a local world to run the
- * provisioner in.
+ * `deno task sandbox up [--hosts N] [--jumpstarter fake|real] | down | status | demo | show | scale N | lease`: a local
+ * world to run the provisioner in.
  *
- * up:     a real control plane (CRDs installed), N real lab hosts, and the FakeJumpstarterController that issues
- *         exporter credentials; writes .sandbox/kubeconfig, .sandbox/env and .sandbox/labhosts.json.
+ * up:     a real control plane (CRDs installed), N real lab hosts, and what issues exporter credentials: the
+ *         FakeJumpstarterController (--jumpstarter fake, the default), or the real Jumpstarter controller and router
+ *         with the real exporter image on the lab hosts (--jumpstarter real; .sandbox/env then also has JMP and
+ *         JMP_CLIENT_CONFIG for `jmp shell`); writes .sandbox/kubeconfig, .sandbox/env and .sandbox/labhosts.json.
  * demo:   up with one host, then the feature description's examples exactly as written (Secret, VirtualTargetClass,
  *         ExporterSet in namespace jumpstarter; the class's host lab-host-01.example.com is mapped to the first lab
  *         host with --host-alias), starts the controller, and waits until the exporter runs on the host.
@@ -19,14 +21,23 @@ import { hostExec, type LabHost, type LabNet, startLabHosts, stopLabHosts } from
 import { installCrds, seedExample, waitFor } from "./env.ts";
 import { installControllerRbac } from "./rbac.ts";
 import { startFakeJumpstarter } from "./fake_jumpstarter.ts";
+import { CA_CONFIGMAP, startRealJumpstarter } from "./jumpstarter/controller.ts";
 import { isConflict, KubeClient, resourcePath } from "../src/kube/client.ts";
 import { HOST_ANNOTATION } from "../src/provision/reconciler.ts";
-import { EXPORTER_SETS, EXPORTERS, NAMESPACES, SECRETS, VIRTUAL_TARGET_CLASSES } from "../src/kube/resources.ts";
+import {
+  CONFIG_MAPS,
+  EXPORTER_SETS,
+  EXPORTERS,
+  NAMESPACES,
+  SECRETS,
+  VIRTUAL_TARGET_CLASSES,
+} from "../src/kube/resources.ts";
 import type { Exporter, ExporterSet, KubeObject } from "../src/api/types.ts";
 
 const ROOT = new URL("../", import.meta.url).pathname;
 const DIR = `${ROOT}.sandbox`;
 const LAB: LabNet = { dir: `${DIR}/labhost`, bridge: "qsplab0", subnet: "10.77.0" };
+const EXPORTER_IMAGE = "quay.io/jumpstarter-dev/jumpstarter:latest";
 const SEED_HOST = "lab-host-01.example.com";
 const NAMESPACE = "jumpstarter";
 const SET = "aarch64-ssh-pool";
@@ -34,9 +45,20 @@ const SET = "aarch64-ssh-pool";
 const { positionals, values } = parseArgs({
   args: Deno.args,
   allowPositionals: true,
-  options: { hosts: { type: "string", default: "1" }, kubeconfig: { type: "string" } },
+  options: {
+    hosts: { type: "string", default: "1" },
+    kubeconfig: { type: "string" },
+    jumpstarter: { type: "string", default: "fake" },
+  },
 });
 const command = positionals[0] ?? "status";
+if (values.jumpstarter !== "fake" && values.jumpstarter !== "real") {
+  console.error(`--jumpstarter must be fake or real, not "${values.jumpstarter}"`);
+  Deno.exit(2);
+}
+const REAL = values.jumpstarter === "real";
+/** The credential issuers, one of which runs: the stand-in, or the real Jumpstarter controller and router. */
+const ISSUERS = ["fake-jumpstarter", "real-jumpstarter"];
 
 async function pidAlive(file: string): Promise<number | undefined> {
   const pid = Number((await Deno.readTextFile(file).catch(() => "")).trim());
@@ -83,10 +105,15 @@ async function up(hosts: number): Promise<LabHost[]> {
     return await KubeClient.load(kubeconfig);
   })();
   await installCrds(client);
-  const labhosts = await startLabHosts(LAB, hosts);
+  const images = REAL ? [{ tarball: await builtPath("test/jumpstarter/image.sh"), tag: EXPORTER_IMAGE }] : [];
+  const labhosts = await startLabHosts({ ...LAB, images }, hosts);
   await Deno.writeTextFile(`${DIR}/labhosts.json`, JSON.stringify(labhosts, null, 2) + "\n");
-  await Deno.writeTextFile(`${DIR}/env`, `KUBECONFIG=${kubeconfig}\nLABHOSTS=${DIR}/labhosts.json\n`);
-  await daemon("fake-jumpstarter", ["run", "-A", "test/sandbox.ts", "fake-jumpstarter", "--kubeconfig", kubeconfig]);
+  let env = `KUBECONFIG=${kubeconfig}\nLABHOSTS=${DIR}/labhosts.json\n`;
+  const issuer = REAL ? "real-jumpstarter" : "fake-jumpstarter";
+  for (const other of ISSUERS.filter((d) => d !== issuer)) await stopDaemon(other);
+  await daemon(issuer, ["run", "-A", "test/sandbox.ts", issuer, "--kubeconfig", kubeconfig]);
+  if (REAL) env += await realClient(client, kubeconfig);
+  await Deno.writeTextFile(`${DIR}/env`, env);
   client.close();
   console.log(
     `sandbox up in ${((performance.now() - t0) / 1000).toFixed(1)}s: ${client.server}, ` +
@@ -95,16 +122,48 @@ async function up(hosts: number): Promise<LabHost[]> {
   return labhosts;
 }
 
+/** Runs a build script of test/jumpstarter (cached after the first run); its last line is the path it built. */
+async function builtPath(script: string): Promise<string> {
+  const out = await new Deno.Command("bash", { args: [script], cwd: ROOT, stdout: "piped", stderr: "inherit" })
+    .output();
+  const path = new TextDecoder().decode(out.stdout).trim().split("\n").pop();
+  if (!out.success || !path) throw new Error(`${script} failed (exit ${out.code})`);
+  return path;
+}
+
+/**
+ * Once the real controller has published its CA: a Jumpstarter client (`jmp admin create client`) and the lines of
+ * .sandbox/env that let anyone lease from the shell: `$JMP shell --client-config $JMP_CLIENT_CONFIG -l ...`.
+ */
+async function realClient(client: KubeClient, kubeconfig: string): Promise<string> {
+  await waitFor(() => client.find(CONFIG_MAPS, NAMESPACE, CA_CONFIGMAP.name), {
+    what: `the real Jumpstarter controller (log: .sandbox/jumpstarter/) to publish its CA`,
+    timeoutMs: 900_000,
+  });
+  const jmp = await builtPath("test/jumpstarter/jmp.sh");
+  const config = `${DIR}/client.yaml`;
+  if (!await Deno.stat(config).catch(() => undefined)) {
+    const out = await new Deno.Command(jmp, {
+      args: ["admin", "create", "client", "sandbox", "-n", NAMESPACE, "--unsafe", "--nointeractive"]
+        .concat(["--out", config, "--kubeconfig", kubeconfig]),
+      stdout: "piped",
+      stderr: "piped",
+    }).output();
+    if (!out.success) throw new Error(`jmp admin create client failed: ${new TextDecoder().decode(out.stderr)}`);
+  }
+  return `JMP=${jmp}\nJMP_CLIENT_CONFIG=${config}\n`;
+}
+
 async function down(): Promise<void> {
   await stopDaemon("controller");
-  await stopDaemon("fake-jumpstarter");
+  for (const d of ISSUERS) await stopDaemon(d);
   await stopLabHosts(LAB);
   await stopControlPlane(`${DIR}/controlplane`);
   console.log("sandbox down");
 }
 
 async function status(): Promise<void> {
-  for (const d of ["controller", "fake-jumpstarter"]) {
+  for (const d of ["controller", ...ISSUERS]) {
     const pid = await pidAlive(`${DIR}/${d}.pid`);
     console.log(`${d}: ${pid ? `running (pid ${pid})` : "stopped"}`);
   }
@@ -168,6 +227,12 @@ async function demo(): Promise<void> {
   }, { what: `ExporterSet ${NAMESPACE}/${SET} Available`, timeoutMs: 180_000 });
   console.log(`\nExporterSet ${NAMESPACE}/${SET} is Available after ${((performance.now() - t0) / 1000).toFixed(1)}s`);
   await show(client, [host]);
+  if (REAL) {
+    console.log(`
+Lease it as a user does (the real Jumpstarter, the real exporter and QEMU on the lab host):
+  . .sandbox/env; $JMP shell --client-config $JMP_CLIENT_CONFIG -l board=aarch64-qemu,virtual=true
+  (inside: j qemu power on; j qemu console; ...; exit ends the lease and ExitAndReplace deploys a fresh target)`);
+  }
   console.log(`
 Scale it:     deno task sandbox scale N        (what \`kubectl scale exportersets/${SET} --replicas=N\` does:
                                                maxReplicas; or lease one: deno task sandbox lease)
@@ -221,8 +286,14 @@ async function scale(n: number): Promise<void> {
   client.close();
 }
 
-/** Marks the oldest idle exporter leased, as Jumpstarter does for `jmp lease`: the warm buffer grows by one. */
+/** Marks the oldest idle exporter leased, as Jumpstarter does when a lease takes it: the warm buffer grows by one. */
 async function lease(): Promise<void> {
+  if (await pidAlive(`${DIR}/real-jumpstarter.pid`)) {
+    throw new Error(
+      "the real Jumpstarter runs here: lease with `. .sandbox/env; $JMP shell --client-config " +
+        "$JMP_CLIENT_CONFIG -l board=aarch64-qemu,virtual=true`",
+    );
+  }
   const client = await KubeClient.load(`${DIR}/kubeconfig`);
   const idle = (await client.list<Exporter>(EXPORTERS, NAMESPACE)).items.filter((e) => !e.status?.leaseRef);
   if (!idle.length) throw new Error("no idle exporter to lease");
@@ -241,6 +312,7 @@ async function lease(): Promise<void> {
 switch (command) {
   case "up":
     await up(Number(values.hosts));
+    if (REAL) console.log("lease from the shell: . .sandbox/env; $JMP shell --client-config $JMP_CLIENT_CONFIG -l ...");
     break;
   case "down":
     await down();
@@ -269,6 +341,18 @@ switch (command) {
     await new Promise<void>((r) => Deno.addSignalListener("SIGTERM", () => r()));
     await fake.stop();
     client.close();
+    break;
+  }
+  case "real-jumpstarter": {
+    const js = await startRealJumpstarter({
+      kubeconfig: values.kubeconfig!,
+      namespace: NAMESPACE,
+      bridgeAddress: `${LAB.subnet}.1`,
+      dir: `${DIR}/jumpstarter`,
+    });
+    console.log(`real Jumpstarter controller at ${js.endpoint}; logs ${js.logs.controller}, ${js.logs.router}`);
+    await new Promise<void>((r) => Deno.addSignalListener("SIGTERM", () => r()));
+    await js.stop();
     break;
   }
   default:

@@ -15,6 +15,11 @@ REQS=(jumpstarter-cli==0.9.0 jumpstarter-cli-admin==0.9.0 jumpstarter-driver-qem
 log() { echo "[jmp $(date +%T)] $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
+if ! command -v "$PY" >/dev/null && [ "$PY" = python3 ]; then
+    # a fresh Debian machine may have no Python at all; bookworm's 3.11 and trixie's 3.13 both do
+    apt-get update -q >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3 python3-venv >&2
+fi
 "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null ||
     die "$PY is missing or older than 3.11, which jumpstarter 0.9.0 requires; set JMP_PYTHON"
 if ! "$PY" -c 'import ensurepip' 2>/dev/null; then
