@@ -129,27 +129,8 @@ export function tryRender(inst: Instance): RenderedInstance | undefined {
 
 // ---------------------------------------------------------------- unit files
 
-/** Every key we write, by section; anything else in a quadlet is a value that escaped into a line of its own. */
-const UNIT_KEYS: Record<string, string[]> = {
-  Unit: ["Description", "BindsTo", "After"],
-  Container: [
-    "Image",
-    "Pull",
-    "ContainerName",
-    "Label",
-    "Volume",
-    "AddDevice",
-    "Network",
-    "Exec",
-    "User",
-    "Group",
-    "Environment",
-  ],
-  Service: ["ExecStartPre", "Restart", "RestartSec", "TimeoutStartSec"],
-  Install: ["WantedBy"],
-};
 /** Quadlet splits these on whitespace and unquotes them, so they must hold neither. */
-const WORD_KEYS = new Set([
+const WORD_KEYS = [
   "Image",
   "Pull",
   "ContainerName",
@@ -160,7 +141,14 @@ const WORD_KEYS = new Set([
   "User",
   "Group",
   "Environment",
-]);
+];
+/** Every key we write, by section; anything else in a quadlet is a value that escaped into a line of its own. */
+const UNIT_KEYS: Record<string, string[]> = {
+  Unit: ["Description", "BindsTo", "After"],
+  Container: [...WORD_KEYS, "Exec"],
+  Service: ["ExecStartPre", "Restart", "RestartSec", "TimeoutStartSec"],
+  Install: ["WantedBy"],
+};
 
 /** The keys and values of a quadlet, after checking each line is one systemd reads as we mean it. */
 function unitLines(content: string, inst: Instance): [string, string][] {
@@ -188,7 +176,7 @@ function unitLines(content: string, inst: Instance): [string, string][] {
     assert.doesNotMatch(value, /[\x00-\x1f\x7f]/, `control character in ${key}=`);
     assert.match(value, /^(?:[^%]|%%)*$/, `an undoubled % in ${key}=${value} is a systemd specifier`);
     assert.ok(!value.endsWith("\\"), `${key}= ends in a backslash, which continues the line`);
-    if (WORD_KEYS.has(key)) assert.doesNotMatch(value, /[\s"'\\]/, `${key}= would be split or unquoted`);
+    if (WORD_KEYS.includes(key)) assert.doesNotMatch(value, /[\s"'\\]/, `${key}= would be split or unquoted`);
     out.push([key, value]);
   }
   return out;

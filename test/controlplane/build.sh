@@ -19,22 +19,10 @@ fi
 cache="${QSP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/qemu-ssh-provisioner}/controlplane"
 out="$cache/k8s-${K8S_VERSION#v}-etcd-${ETCD_VERSION#v}"
 
-if has_binaries "$out"; then
-  echo "$out" >&3
-  exit 0
-fi
-
-mkdir -p "$cache"
-exec 9>"$cache/build.lock"
-if ! flock -n 9; then
-  echo "build.sh: waiting for another build of $out" >&2
-  flock 9
-fi
-# Another run may have finished the build while we waited for the lock.
-if has_binaries "$out"; then
-  echo "$out" >&3
-  exit 0
-fi
+complete() { has_binaries "$out"; }
+source "$(dirname "${BASH_SOURCE[0]}")/../cached_build.sh"
+cached_or_locked complete "$out" "$cache"
+echo "build.sh: building kube-apiserver $K8S_VERSION and etcd $ETCD_VERSION from the Go module proxy; a cold build takes about 10 minutes on 2 cores" >&2
 
 mkdir -p "$out"
 # Under the cache dir (not /tmp) so the final mv is an atomic rename on the same filesystem.

@@ -22,22 +22,8 @@ complete() {
   for crd in "${CRDS[@]}"; do [[ -f $out/$crd ]] || return 1; done
 }
 
-if complete; then
-  echo "$out" >&3
-  exit 0
-fi
-
-mkdir -p "$cache"
-exec 9>"$cache/build.lock"
-if ! flock -n 9; then
-  echo "build.sh: waiting for another build of $out" >&2
-  flock 9
-fi
-# Another run may have finished the build while we waited for the lock.
-if complete; then
-  echo "$out" >&3
-  exit 0
-fi
+source "$(dirname "${BASH_SOURCE[0]}")/../cached_build.sh"
+cached_or_locked complete "$out" "$cache"
 
 echo "build.sh: building Jumpstarter controller $VERSION from the Go module proxy; a cold build takes minutes" >&2
 started=$SECONDS

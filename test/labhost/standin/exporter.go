@@ -52,16 +52,7 @@ func runJmp(args []string) int {
 		fmt.Fprintf(os.Stderr, "jmp: unsupported command %q (stand-in knows only run)\n", args[0])
 		return 2
 	}
-	path := ""
-	for i := 1; i < len(args); i++ {
-		switch {
-		case args[i] == "--exporter-config" && i+1 < len(args):
-			path = args[i+1]
-			i++
-		case strings.HasPrefix(args[i], "--exporter-config="):
-			path = strings.TrimPrefix(args[i], "--exporter-config=")
-		}
-	}
+	path := flagValue(args[1:], "--exporter-config")
 	if path == "" {
 		fmt.Fprintln(os.Stderr, "jmp run: --exporter-config FILE is required")
 		return 2

@@ -71,3 +71,16 @@ func main() {
 		os.Exit(usage())
 	}
 }
+
+// flagValue is the value of `--name VALUE` or `--name=VALUE` in args, "" if absent.
+func flagValue(args []string, name string) string {
+	for i, a := range args {
+		if a == name && i+1 < len(args) {
+			return args[i+1]
+		}
+		if v, ok := strings.CutPrefix(a, name+"="); ok {
+			return v
+		}
+	}
+	return ""
+}

@@ -31,15 +31,7 @@ func getenv(key, def string) string {
 func runExec(args []string) int {
 	sockPath := ""
 	if len(args) > 0 && args[0] == "serve" {
-		for i := 1; i < len(args); i++ {
-			switch {
-			case args[i] == "--socket" && i+1 < len(args):
-				sockPath = args[i+1]
-				i++
-			case strings.HasPrefix(args[i], "--socket="):
-				sockPath = strings.TrimPrefix(args[i], "--socket=")
-			}
-		}
+		sockPath = flagValue(args[1:], "--socket")
 	}
 	if sockPath == "" {
 		fmt.Fprintln(os.Stderr, "jumpstarter-exec: usage: jumpstarter-exec serve --socket PATH")
