@@ -151,7 +151,8 @@ async function realClient(client: KubeClient, kubeconfig: string): Promise<strin
     }).output();
     if (!out.success) throw new Error(`jmp admin create client failed: ${new TextDecoder().decode(out.stderr)}`);
   }
-  return `JMP=${jmp}\nJMP_CLIENT_CONFIG=${config}\n`;
+  // `j`, which a lease's shell runs, is the client venv's too
+  return `JMP=${jmp}\nJMP_CLIENT_CONFIG=${config}\nPATH=${jmp.replace(/\/jmp$/, "")}:$PATH\n`;
 }
 
 async function down(): Promise<void> {
