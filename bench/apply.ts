@@ -8,7 +8,8 @@ import { type LabNet, startLabHosts, stopLabHosts } from "../test/labhost/labhos
 import { seedInstance } from "../test/fixtures.ts";
 import { renderInstance } from "../src/host/render.ts";
 import { LabHosts } from "../src/host/lab.ts";
-import { SshPool, type SshTarget } from "../src/host/ssh.ts";
+import { SshPool } from "../src/host/ssh.ts";
+import { directTarget } from "../test/e2e_world.ts";
 import { percentile, round } from "./stats.ts";
 import { RESULTS_DIR } from "./report.ts";
 
@@ -26,14 +27,7 @@ const times: Record<"connect" | "apply" | "noop" | "remove", number[]> = {
 };
 let commands = 0;
 try {
-  const target: SshTarget = {
-    host: host.address,
-    port: host.port,
-    user: host.user,
-    privateKey: await Deno.readTextFile(host.privateKeyPath),
-    knownHosts: await Deno.readTextFile(host.knownHostsPath),
-    hostKeyPolicy: "Strict",
-  };
+  const target = await directTarget(host);
   const timed = async (k: keyof typeof times, f: () => Promise<unknown>) => {
     const t0 = performance.now();
     await f();

@@ -12,7 +12,7 @@ import type { Exporter, ExporterSet, KubeObject } from "../src/api/types.ts";
 import { Informer } from "../src/kube/informer.ts";
 import { EXPORTER_SETS, EXPORTERS, NAMESPACES, SECRETS, VIRTUAL_TARGET_CLASSES } from "../src/kube/resources.ts";
 import { silentLogger } from "../src/observe/log.ts";
-import { SET_LABEL } from "../src/provision/reconciler.ts";
+import { SET_LABEL } from "../src/provision/marks.ts";
 import type { Cluster } from "./cluster.ts";
 import { ControllerProcess, logPath, type ProcSample } from "./controller.ts";
 import { type Fleet, fleetLabel, instanceCount, type Seed, seedFor } from "./fleet.ts";

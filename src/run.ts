@@ -8,7 +8,7 @@ import { SshPool } from "./host/ssh.ts";
 import { LabHosts } from "./host/lab.ts";
 import { Controller } from "./provision/controller.ts";
 import { type LabTarget } from "./provision/credentials.ts";
-import { pinHostKey } from "./provision/reconciler.ts";
+import { pinHostKey } from "./provision/host_keys.ts";
 
 export interface RunOptions {
   provisioner: string;

@@ -33,7 +33,7 @@ import type { Exporter, ExporterSet } from "../src/api/types.ts";
 import { renderInstance } from "../src/host/render.ts";
 import { resolveParams } from "../src/provision/params.ts";
 import type { LabTarget } from "../src/provision/credentials.ts";
-import { HOST_ANNOTATION } from "../src/provision/reconciler.ts";
+import { HOST_ANNOTATION } from "../src/provision/marks.ts";
 
 const opts = { sanitizeOps: false, sanitizeResources: false };
 const SET2 = "aarch64-ssh-pool-h2";

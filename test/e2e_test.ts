@@ -8,7 +8,7 @@ import { Buffer } from "node:buffer";
 import { hostExec } from "./labhost/labhost.ts";
 import { EXPORTER_SETS, EXPORTERS, SECRETS } from "../src/kube/resources.ts";
 import type { Secret } from "../src/api/types.ts";
-import { FINALIZER, HOST_ANNOTATION } from "../src/provision/reconciler.ts";
+import { FINALIZER, HOST_ANNOTATION } from "../src/provision/marks.ts";
 import { waitFor } from "./env.ts";
 import {
   applySeed,

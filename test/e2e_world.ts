@@ -10,10 +10,11 @@ import { hostExec, type LabHost } from "./labhost/labhost.ts";
 import { KubeClient } from "../src/kube/client.ts";
 import { EVENTS, EXPORTER_SETS, EXPORTERS, SECRETS, VIRTUAL_TARGET_CLASSES } from "../src/kube/resources.ts";
 import type { Exporter, ExporterSet, KubeObject, Secret, VirtualTargetClass } from "../src/api/types.ts";
-import { SshPool, type SshPoolOptions } from "../src/host/ssh.ts";
+import { SshPool, type SshPoolOptions, type SshTarget } from "../src/host/ssh.ts";
 import { LabHosts } from "../src/host/lab.ts";
 import { Controller } from "../src/provision/controller.ts";
-import { HOST_ANNOTATION, pinHostKey } from "../src/provision/reconciler.ts";
+import { HOST_ANNOTATION } from "../src/provision/marks.ts";
+import { pinHostKey } from "../src/provision/host_keys.ts";
 import type { LabTarget } from "../src/provision/credentials.ts";
 import { createLogger } from "../src/observe/log.ts";
 
@@ -99,6 +100,18 @@ export function ourController(
     concurrency: opts.concurrency,
   });
   return { controller, hosts, pool };
+}
+
+/** An SSH target for looking at a lab host directly (by address, strict host keys), not through the controller. */
+export async function directTarget(host: LabHost): Promise<SshTarget> {
+  return {
+    host: host.address,
+    port: host.port,
+    user: host.user,
+    privateKey: await Deno.readTextFile(host.privateKeyPath),
+    knownHosts: await Deno.readTextFile(host.knownHostsPath),
+    hostKeyPolicy: "Strict",
+  };
 }
 
 /** Step 2 of the seed: `kubectl create secret generic lab-ssh-key --from-file=ssh-privatekey=...`, plus extra keys. */

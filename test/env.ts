@@ -75,6 +75,16 @@ export async function installCrds(client: KubeClient): Promise<void> {
   }
 }
 
+/** installCrds through a client of its own, as startControlPlane's `setup` wants it. */
+export async function installCrdsAt(kubeconfigPath: string): Promise<void> {
+  const client = await KubeClient.load(kubeconfigPath);
+  try {
+    await installCrds(client);
+  } finally {
+    client.close();
+  }
+}
+
 /** Polls until `fn` returns something truthy; the error names what was awaited and the last value seen. */
 export async function waitFor<T>(
   fn: () => Promise<T | undefined | null | false> | T | undefined | null | false,

@@ -1,9 +1,8 @@
 /**
  * FakeJumpstarterController: plays the part of the real Jumpstarter controller for tests and the sandbox, and only
  * the part this provisioner depends on: for every Exporter it creates the credential Secret `<exporter>-exporter`
- * (key `token`, owner-referenced to the Exporter) and sets `status.credential` and `status.endpoint`.
- * It also stands in for the garbage collector of a cluster without kube-controller-manager by deleting the token
- * Secrets of Exporters that are gone (see jumpstarter/token_secrets.ts).
+ * (key `token`, owner-referenced to the Exporter) and sets `status.credential` and `status.endpoint`. The control
+ * plane's garbage collector deletes the Secret with its Exporter, as in a cluster.
  */
 import { Buffer } from "node:buffer";
 import type { Exporter, Secret } from "../src/api/types.ts";
@@ -11,7 +10,6 @@ import { isNotFound, type KubeClient } from "../src/kube/client.ts";
 import { Informer } from "../src/kube/informer.ts";
 import { EXPORTERS, SECRETS } from "../src/kube/resources.ts";
 import { silentLogger } from "../src/observe/log.ts";
-import { startTokenSecretCollector } from "./jumpstarter/token_secrets.ts";
 
 export const FAKE_ENDPOINT = "grpc.jumpstarter.sandbox.invalid:443";
 
@@ -58,7 +56,6 @@ export function startFakeJumpstarter(client: KubeClient, namespace?: string): Fa
     issue(e).finally(() => inFlight.delete(key));
   });
   const loop = exporters.run(abort.signal);
-  const collector = startTokenSecretCollector(client, namespace);
   return {
     async rotate(ns, exporter) {
       const token = newToken();
@@ -67,7 +64,7 @@ export function startFakeJumpstarter(client: KubeClient, namespace?: string): Fa
     },
     async stop() {
       abort.abort();
-      await Promise.all([loop, collector.stop()]);
+      await loop;
     },
   };
 }

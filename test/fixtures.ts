@@ -1,5 +1,5 @@
 /** Shared test data: what the feature description's class and set resolve to, and one instance of them. */
-import type { InstanceParams } from "../src/provision/params.ts";
+import type { InstanceParams } from "../src/host/instance_params.ts";
 import type { Instance } from "../src/host/render.ts";
 
 /** What the seed's VirtualTargetClass + ExporterSet resolve to (params_test.ts checks that). */

@@ -7,20 +7,10 @@ import assert from "node:assert/strict";
 import { hostExec, type LabHost } from "./labhost/labhost.ts";
 import { testEnv, waitFor } from "./env.ts";
 import { seedInstance } from "./fixtures.ts";
+import { directTarget } from "./e2e_world.ts";
 import { renderInstance } from "../src/host/render.ts";
 import { LabHosts } from "../src/host/lab.ts";
-import { SshError, SshPool, type SshTarget } from "../src/host/ssh.ts";
-
-async function target(host: LabHost): Promise<SshTarget> {
-  return {
-    host: host.address,
-    port: host.port,
-    user: host.user,
-    privateKey: await Deno.readTextFile(host.privateKeyPath),
-    knownHosts: await Deno.readTextFile(host.knownHostsPath),
-    hostKeyPolicy: "Strict",
-  };
-}
+import { SshError, SshPool } from "../src/host/ssh.ts";
 
 const instance = (name: string) =>
   renderInstance(seedInstance({ name, uid: crypto.randomUUID(), token: `token-${crypto.randomUUID()}` }));
@@ -39,7 +29,7 @@ Deno.test({
     const [, host] = (await testEnv()).labhosts;
     const pool = new SshPool();
     const lab = new LabHosts(pool);
-    const t = await target(host);
+    const t = await directTarget(host);
     const a = instance("lab-count-a");
     const b = instance("lab-count-b");
     try {
@@ -84,7 +74,7 @@ Deno.test({
     const [, host] = (await testEnv()).labhosts;
     const pool = new SshPool({ connectTimeoutMs: 3_000, backoffBaseMs: 200, backoffMaxMs: 1_000 });
     const lab = new LabHosts(pool);
-    const t = await target(host);
+    const t = await directTarget(host);
     const r = instance("lab-reboot");
     try {
       assert.ok((await lab.apply(t, r, { kvmRequired: true, keepExited: true })).ready);

@@ -16,7 +16,7 @@ import type { Exporter, ExporterSet, KubeObject, Secret } from "../src/api/types
 import { SshPool } from "../src/host/ssh.ts";
 import { LabHosts } from "../src/host/lab.ts";
 import { Controller } from "../src/provision/controller.ts";
-import { pinHostKey } from "../src/provision/reconciler.ts";
+import { pinHostKey } from "../src/provision/host_keys.ts";
 import type { LabTarget } from "../src/provision/credentials.ts";
 import { acquireLeadership } from "../src/kube/leader.ts";
 import { createLogger } from "../src/observe/log.ts";
@@ -208,7 +208,9 @@ Deno.test("manifests: the Deployment, ServiceAccount and RBAC are what the Jumps
     if (e.isFile && e.name.endsWith(".yaml") && e.name !== "kustomization.yaml") files.push(e.name);
   }
   assert.deepEqual(k.resources.filter((r) => r.endsWith(".yaml")).sort(), files.sort(), "kustomization lists all");
-  assert.ok(k.resources.includes("../crds"));
+  // `kubectl delete -k manifests` must not take Jumpstarter's namespace or the users' ExporterSets (CRDs) with it
+  assert.ok(!k.resources.some((r) => r.includes("crds")), "CRDs are installed on their own");
+  assert.ok(!files.includes("namespace.yaml"), "the namespace is Jumpstarter's");
 });
 
 // ---------------------------------------------------------------- against the API server
@@ -334,11 +336,14 @@ async function wholeJobAs(rules: PolicyRule[], prefix: string, host: LabHost): P
     const events = (await admin.list<KubeObject & { reason: string }>(EVENTS, ns)).items;
     assert.ok(events.some((ev) => ev.reason === "CreatedExporters"), "events were recorded");
 
-    await admin.delete(EXPORTER_SETS, ns, SET);
+    // Scale-down: the controller drains the exporter and deletes it itself (a deleted set's Exporters are the
+    // garbage collector's to delete), then tears the instance down.
+    await admin.mergePatch(EXPORTER_SETS, ns, SET, { spec: { minAvailableReplicas: 0, scaleDownCooldown: "0s" } });
     await waitFor(async () => (await admin.list(EXPORTERS, ns)).items.length === 0, {
       what: "the exporters torn down and deleted",
       timeoutMs: 60_000,
     });
+    await admin.delete(EXPORTER_SETS, ns, SET);
     const left = await hostExec(
       host,
       `ls /etc/containers/systemd/ /etc/jumpstarter/exporters/ | grep -c ${name} || true`,

@@ -5,8 +5,7 @@
  */
 import { startControlPlane } from "./controlplane/controlplane.ts";
 import { type LabNet, startLabHosts, stopLabHosts } from "./labhost/labhost.ts";
-import { installCrds, type TestEnv } from "./env.ts";
-import { KubeClient } from "../src/kube/client.ts";
+import { installCrdsAt, type TestEnv } from "./env.ts";
 
 // Several runs can share a machine (developers, helpers) when each picks its own bridge and subnet.
 const bridge = Deno.env.get("QSP_LAB_BRIDGE") ?? "qsplabt";
@@ -25,12 +24,9 @@ const dir = await Deno.makeTempDir({ prefix: "qsp-test-" });
 const t0 = performance.now();
 const secs = () => ((performance.now() - t0) / 1000).toFixed(1);
 let code = 1;
-const cp = await startControlPlane({ dir: `${dir}/controlplane` });
+const cp = await startControlPlane({ dir: `${dir}/controlplane`, setup: installCrdsAt });
 try {
   console.error(`[test] control plane ready at ${cp.server} after ${secs()}s`);
-  const client = await KubeClient.load(cp.kubeconfigPath);
-  await installCrds(client);
-  client.close();
   const labhosts = await startLabHosts(LAB, TEST_LAB_HOSTS);
   console.error(`[test] ${labhosts.length} lab hosts ready after ${secs()}s`);
   const env: TestEnv = {

@@ -18,12 +18,12 @@ import { parseArgs } from "node:util";
 import { Buffer } from "node:buffer";
 import { startControlPlane, stopControlPlane } from "./controlplane/controlplane.ts";
 import { hostExec, type LabHost, type LabNet, startLabHosts, stopLabHosts } from "./labhost/labhost.ts";
-import { installCrds, seedExample, waitFor } from "./env.ts";
+import { installCrds, installCrdsAt, seedExample, waitFor } from "./env.ts";
 import { installControllerRbac } from "./rbac.ts";
 import { startFakeJumpstarter } from "./fake_jumpstarter.ts";
 import { CA_CONFIGMAP, startRealJumpstarter } from "./jumpstarter/controller.ts";
 import { isConflict, KubeClient, resourcePath } from "../src/kube/client.ts";
-import { HOST_ANNOTATION } from "../src/provision/reconciler.ts";
+import { HOST_ANNOTATION } from "../src/provision/marks.ts";
 import {
   CONFIG_MAPS,
   EXPORTER_SETS,
@@ -99,12 +99,13 @@ async function up(hosts: number): Promise<LabHost[]> {
   const running = await KubeClient.load(kubeconfig).then((c) => c.list(NAMESPACES).then(() => c)).catch(() =>
     undefined
   );
+  // A sandbox already up may have older CRDs.
+  if (running) await installCrds(running);
   const client = running ?? await (async () => {
-    const cp = await startControlPlane({ dir: `${DIR}/controlplane`, detached: true });
+    const cp = await startControlPlane({ dir: `${DIR}/controlplane`, detached: true, setup: installCrdsAt });
     await Deno.copyFile(cp.kubeconfigPath, kubeconfig);
     return await KubeClient.load(kubeconfig);
   })();
-  await installCrds(client);
   const images = REAL ? [{ tarball: await builtPath("test/jumpstarter/image.sh"), tag: EXPORTER_IMAGE }] : [];
   const labhosts = await startLabHosts({ ...LAB, images }, hosts);
   await Deno.writeTextFile(`${DIR}/labhosts.json`, JSON.stringify(labhosts, null, 2) + "\n");

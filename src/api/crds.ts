@@ -64,6 +64,8 @@ function crd(c: CrdInput): Crd {
         plural: c.plural,
         singular: c.kind.toLowerCase(),
         ...(c.shortNames ? { shortNames: c.shortNames } : {}),
+        // `kubectl get jumpstarter` lists them next to Jumpstarter's own kinds
+        categories: ["jumpstarter"],
       },
       scope: "Namespaced",
       versions: [{
@@ -92,7 +94,10 @@ export const CRDS: Crd[] = [
     plural: "virtualtargetclasses",
     shortNames: ["vtc"],
     spec: virtualTargetClassSpecSchema,
-    columns: [{ name: "Provisioner", type: "string", jsonPath: ".spec.provisioner" }],
+    columns: [
+      { name: "Provisioner", type: "string", jsonPath: ".spec.provisioner" },
+      { name: "Binding", type: "string", jsonPath: ".spec.bindingMode" },
+    ],
   }),
   crd({
     group: VIRTUALTARGET_GROUP,
@@ -108,6 +113,8 @@ export const CRDS: Crd[] = [
       { name: "Replicas", type: "integer", jsonPath: ".status.replicas" },
       { name: "Ready", type: "integer", jsonPath: ".status.readyReplicas" },
       { name: "Available", type: "integer", jsonPath: ".status.availableReplicas" },
+      { name: "Unavailable", type: "integer", jsonPath: ".status.unavailableReplicas", priority: 1 },
+      { name: "Leased", type: "integer", jsonPath: ".status.leasedReplicas" },
     ],
     scale: {
       specReplicasPath: ".spec.maxReplicas",

@@ -10,14 +10,16 @@ import { PROVISIONER } from "../api/types.ts";
 import type { ExporterSet, Secret, VirtualTargetClass } from "../api/types.ts";
 import { isNotFound, KubeClient } from "../kube/client.ts";
 import { EXPORTER_SETS, SECRETS, VIRTUAL_TARGET_CLASSES } from "../kube/resources.ts";
-import { DEFAULT_IMAGES, fieldErrorLine, type ImageChoice, resolveParams } from "../provision/params.ts";
-import { PINNED_HOST_KEYS_SECRET, sshTarget } from "../provision/credentials.ts";
+import { DEFAULT_IMAGES, fieldErrorLine } from "../provision/params.ts";
+import type { ImageChoice } from "../host/instance_params.ts";
+import { PINNED_HOST_KEYS_SECRET } from "../provision/credentials.ts";
+import { setTarget, targetString } from "../provision/targets.ts";
 import { fingerprint, lookup } from "../host/known_hosts.ts";
 import { checkPrivateKey, type PrivateKeyCheck } from "../host/ssh_key.ts";
 import { SshError, SshPool, type SshTarget } from "../host/ssh.ts";
 import { LabHosts, parseHostAliases } from "../host/lab.ts";
 import { type HostInspection, shellCommand, shQuote } from "../host/remote.ts";
-import { consoleIo, hostString, type Io, parseFlags } from "./render.ts";
+import { consoleIo, type Io, parseFlags } from "./render.ts";
 
 export const DOCTOR_USAGE = `usage: qemu-ssh-provisioner doctor --host HOST [--port 22] [--user root] --key PATH
                                    [--known-hosts PATH | --accept-new] [--address IP]
@@ -181,7 +183,7 @@ class Report {
     const failed = this.#checks.filter((c) => c.status === "fail");
     const warned = this.#checks.filter((c) => c.status === "warn");
     const names = (cs: Check[]) => [...new Set(cs.map((c) => c.name))].join(", ");
-    const where = target ? `${hostString(target)}${via(target)}` : "the lab host";
+    const where = target ? `${targetString(target)}${via(target)}` : "the lab host";
     if (failed.length) {
       this.io.out(
         `\nverdict: ${where} is NOT ready for ${PROVISIONER}: ${failed.length} check(s) failed (${names(failed)})` +
@@ -329,16 +331,18 @@ async function clusterSubject(f: ClusterFlags, report: Report): Promise<Subject 
     );
     return undefined;
   }
-  const resolved = resolveParams(cls, set);
-  if (!resolved.ok) {
-    report.add("fail", "parameters", `${resolved.errors.length} problem(s):`, ...resolved.errors.map(fieldErrorLine));
+  const secrets: Record<string, Secret | undefined> = {
+    [cls.spec.credentialsSecretRef?.name ?? ""]: credentials,
+    [PINNED_HOST_KEYS_SECRET]: pinned,
+  };
+  const cred = setTarget(cls, set, (name) => secrets[name]);
+  if (!cred.ok && cred.stage === "parameters") {
+    report.add("fail", "parameters", `${cred.errors.length} problem(s):`, ...cred.errors.map(fieldErrorLine));
     return undefined;
   }
-  const params = resolved.params;
+  const params = cred.params;
   report.add("ok", "parameters", "valid");
-  for (const w of resolved.warnings) report.add("warn", "parameters", w);
-
-  const cred = sshTarget(cls, params, credentials, pinned);
+  for (const w of cred.warnings) report.add("warn", "parameters", w);
   if (!cred.ok) {
     report.add("fail", "credentials", cred.problem.message);
     return undefined;

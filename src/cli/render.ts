@@ -9,10 +9,8 @@ import { parseArgs } from "node:util";
 import { parseAllDocuments } from "yaml";
 import { type ExporterSet, PROVISIONER, type VirtualTargetClass } from "../api/types.ts";
 import { fieldErrorLine, resolveParams } from "../provision/params.ts";
-import type { LabTarget } from "../provision/credentials.ts";
-import { targetString } from "../provision/reconciler.ts";
+import { targetString } from "../provision/targets.ts";
 import { instanceOf, type RenderedInstance, renderInstance } from "../host/render.ts";
-import type { SshTarget } from "../host/ssh.ts";
 
 export const RENDER_USAGE =
   `usage: qemu-ssh-provisioner render --class CLASS.yaml --set SET.yaml [--exporter NAME] [--endpoint E]
@@ -65,11 +63,6 @@ export function parseFlags<T extends object>(
     return 2;
   }
 }
-
-/** One parameter problem on one line: the object, the field, what is wrong and how to fix it. */
-
-/** `user@host:port`, as the reconciler records where it deployed (targetString reads nothing else of its target). */
-export const hostString = (t: Pick<SshTarget, "user" | "host" | "port">) => targetString(t as LabTarget);
 
 export interface RenderFlags {
   files: string[];
@@ -209,7 +202,7 @@ export function renderManifests(
         }),
       );
       const { host } = resolved.params;
-      out.push(describe(set, ns, rendered, hostString({ user: host.user, host: host.name, port: host.port })));
+      out.push(describe(set, ns, rendered, targetString({ user: host.user, host: host.name, port: host.port })));
     } catch (e) {
       // names and the endpoint are checked only here, as they become file names and unit file values
       errors.push(`ExporterSet ${set.metadata.name}: ${e instanceof Error ? e.message : e}`);

@@ -14,7 +14,7 @@ import {
   startLabHosts,
   stopLabHosts,
 } from "../../test/labhost/labhost.ts";
-import type { InstanceParams } from "../provision/params.ts";
+import type { InstanceParams } from "./instance_params.ts";
 import { type Instance, type RenderedInstance, renderInstance } from "./render.ts";
 import {
   type ApplyReport,

@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import type { InstanceParams } from "../provision/params.ts";
+import type { InstanceParams } from "./instance_params.ts";
 import { seedParams } from "../../test/fixtures.ts";
 import { renderInstance } from "./render.ts";
 import {

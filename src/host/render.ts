@@ -6,7 +6,7 @@ import { Buffer } from "node:buffer";
 import { Document, Scalar, type ScalarTag, type Tags, visit } from "yaml";
 import type { DriverSpec, ExporterSet } from "../api/types.ts";
 import { DEFAULTS, PROVISIONER } from "../api/types.ts";
-import { type InstanceParams, type PullPolicy, QEMU_DRIVER_TYPE, qemuQuantity } from "../provision/params.ts";
+import { type InstanceParams, type PullPolicy, QEMU_DRIVER_TYPE, qemuQuantity } from "./instance_params.ts";
 
 export interface Instance {
   namespace: string;

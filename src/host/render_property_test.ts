@@ -11,7 +11,8 @@ import { createHash } from "node:crypto";
 import fc from "fast-check";
 import { parse, parseDocument, Scalar, visit } from "yaml";
 import type { DriverSpec } from "../api/types.ts";
-import { type InstanceParams, QEMU_DRIVER_TYPE, qemuQuantity, resolveParams } from "../provision/params.ts";
+import { type InstanceParams, QEMU_DRIVER_TYPE, qemuQuantity } from "./instance_params.ts";
+import { resolveParams } from "../provision/params.ts";
 import {
   hostileString,
   type NamedProperty,

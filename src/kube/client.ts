@@ -68,7 +68,23 @@ export function resourcePath(
   return `${base}${ns}/${r.plural}${name}${sub}`;
 }
 
-export class KubeClient {
+/** The writes and reads reconciling makes besides its caches; FakeKube (fake_client.ts) is the unit tests' one. */
+export interface KubeApi {
+  find<T>(r: Resource, namespace: string | undefined, name: string): Promise<T | undefined>;
+  create<T extends KubeObject>(r: Resource, obj: T): Promise<T>;
+  /** JSON merge patch (RFC 7386); `null` deletes a key. */
+  mergePatch<T>(
+    r: Resource,
+    namespace: string | undefined,
+    name: string,
+    patch: unknown,
+    subresource?: string,
+  ): Promise<T>;
+  /** Deletes; a missing object counts as deleted. */
+  delete(r: Resource, namespace: string | undefined, name: string, preconditionUid?: string): Promise<void>;
+}
+
+export class KubeClient implements KubeApi {
   /** Counts requests so benchmarks and tests can see the API cost of a reconcile. */
   requests = 0;
 

@@ -36,7 +36,13 @@ export interface InformerOptions {
 
 export const objectKey = (o: KubeObject) => `${o.metadata.namespace ?? ""}/${o.metadata.name}`;
 
-export class Informer<T extends KubeObject> {
+/** What reconciling reads from a cache; the unit tests' fake (FakeKube.cache) reads its store directly. */
+export interface Cache<T> {
+  get(namespace: string | undefined, name: string): T | undefined;
+  list(namespace?: string): T[];
+}
+
+export class Informer<T extends KubeObject> implements Cache<T> {
   private readonly cache = new Map<string, T>();
   private readonly handlers: Handler<T>[] = [];
   private resourceVersion = "";

@@ -1,27 +1,23 @@
 /**
- * Wiring: informers feed a keyed work queue of ExporterSets; workers run `reconcile`; a periodic sweep removes
- * instances on lab hosts that no Exporter owns any more (left behind by a controller killed mid-way).
+ * Wiring: informers feed a keyed work queue of ExporterSets; workers run `reconcile`; a periodic sweep (sweep.ts)
+ * removes instances on lab hosts that no Exporter owns any more.
  */
-import type { ConfigMap, Exporter, ExporterSet, KubeObject, Lease, Secret, VirtualTargetClass } from "../api/types.ts";
+import type { ExporterSet, KubeObject } from "../api/types.ts";
 import type { KubeClient, Resource } from "../kube/client.ts";
 import { Informer } from "../kube/informer.ts";
 import { WorkQueue } from "../kube/queue.ts";
 import { EventRecorder } from "../kube/events.ts";
-import { abortableSleep } from "../kube/backoff.ts";
-import {
-  CONFIG_MAPS,
-  EXPORTER_SETS,
-  EXPORTERS,
-  JUMPSTARTER_LEASES,
-  SECRETS,
-  VIRTUAL_TARGET_CLASSES,
-} from "../kube/resources.ts";
 import type { Logger } from "../observe/log.ts";
 import { Metrics } from "../observe/metrics.ts";
 import type { HostOps } from "../host/lab.ts";
-import { resolveParams } from "./params.ts";
-import { type LabTarget, PINNED_HOST_KEYS_SECRET, sshTarget } from "./credentials.ts";
-import { type Caches, type Context, deployedTarget, ownerSetName, reconcile, targetString } from "./reconciler.ts";
+import { PINNED_HOST_KEYS_SECRET } from "./credentials.ts";
+import { type Cached, cachesFrom, type Context, newContext } from "./context.ts";
+import { ownerSetName } from "./marks.ts";
+import { reconcile } from "./reconciler.ts";
+import { sweep, sweepLoop } from "./sweep.ts";
+
+/** The controller's caches: what reconciling reads (Caches), plus the watches that keep them and route events. */
+export type Informers = { [K in keyof Cached]: Informer<Cached[K]> };
 
 export interface ControllerOptions {
   client: KubeClient;
@@ -39,7 +35,7 @@ export interface ControllerOptions {
 }
 
 export class Controller {
-  readonly caches: Caches;
+  readonly caches: Informers;
   readonly queue: WorkQueue;
   readonly metrics: Metrics;
   readonly recorder: EventRecorder;
@@ -50,24 +46,18 @@ export class Controller {
 
   constructor(private readonly opts: ControllerOptions) {
     const { client, log, namespace } = opts;
-    const informer = <T extends KubeObject>(r: Resource) =>
-      new Informer<T>(client, r, {
+    const informer = (r: Resource) =>
+      new Informer<KubeObject>(client, r, {
         namespace,
         log,
         watchTimeoutSeconds: opts.watchTimeoutSeconds,
         idleTimeoutMs: opts.idleTimeoutMs,
       });
-    this.caches = {
-      sets: informer<ExporterSet>(EXPORTER_SETS),
-      classes: informer<VirtualTargetClass>(VIRTUAL_TARGET_CLASSES),
-      exporters: informer<Exporter>(EXPORTERS),
-      leases: informer<Lease>(JUMPSTARTER_LEASES),
-      secrets: informer<Secret>(SECRETS),
-      configMaps: informer<ConfigMap>(CONFIG_MAPS),
-    };
+    // CACHED pairs each cache with its resource, so each informer holds the kind Cached names
+    this.caches = cachesFrom(informer) as unknown as Informers;
     this.metrics = opts.metrics ?? new Metrics();
     this.recorder = new EventRecorder(client, "qemu-ssh-provisioner", log);
-    this.ctx = {
+    this.ctx = newContext({
       client,
       caches: this.caches,
       hosts: opts.hosts,
@@ -77,11 +67,7 @@ export class Controller {
       provisioner: opts.provisioner,
       now: () => new Date(),
       resyncMs: opts.resyncMs ?? 5 * 60_000,
-      applied: new Map(),
-      expectations: new Map(),
-      statuses: new Map(),
-      exporterFailures: new Map(),
-    };
+    });
     this.queue = new WorkQueue({
       concurrency: opts.concurrency ?? 4,
       process: (key) => reconcile(this.ctx, key),
@@ -130,7 +116,7 @@ export class Controller {
     this.opts.log.info("caches synced, reconciling", { namespace: this.opts.namespace ?? "(all)" });
     this.queue.start();
     for (const s of this.caches.sets.list()) this.enqueue(s);
-    this.loops.push(this.sweepLoop(signal));
+    this.loops.push(sweepLoop(this.ctx, this.opts.namespace, this.opts.sweepMs ?? 5 * 60_000, signal));
   }
 
   /** Stops watching, lets in-flight reconciles finish, flushes events. */
@@ -176,88 +162,8 @@ export class Controller {
     c.configMaps.on((_t, cm) => this.setsIn(cm.metadata.namespace));
   }
 
-  // ---------------------------------------------------------------- orphan sweep
-
-  private async sweepLoop(signal: AbortSignal): Promise<void> {
-    const every = this.opts.sweepMs ?? 5 * 60_000;
-    while (!signal.aborted) {
-      await abortableSleep(every, signal);
-      if (signal.aborted) break;
-      await this.sweep().catch((e) => this.opts.log.warn("orphan sweep failed", { error: String(e) }));
-    }
-  }
-
-  /**
-   * Removes instances on our hosts whose Exporter no longer exists. Returns how many were removed. Hosts are swept in
-   * parallel and each on its own: one that is down neither delays nor stops the sweep of the others.
-   */
-  async sweep(): Promise<number> {
-    const removed = await Promise.all(
-      this.hostTargets().map((target) =>
-        this.sweepHost(target).catch((e) => {
-          this.opts.log.warn("orphan sweep of a host failed", { host: target.host, error: String(e) });
-          return 0;
-        })
-      ),
-    );
-    this.forgetGone();
-    return removed.reduce((a, b) => a + b, 0);
-  }
-
-  private async sweepHost(target: LabTarget): Promise<number> {
-    const inspection = await this.opts.hosts.inspect(target);
-    // Read after the inspection: an instance deployed meanwhile had its Exporter cached before its apply began.
-    const known = new Set(this.caches.exporters.list().map((e) => e.metadata.uid));
-    let removed = 0;
-    for (const inst of inspection.instances) {
-      if (this.opts.namespace && inst.namespace !== this.opts.namespace) continue; // not ours to judge
-      if (inst.uid && known.has(inst.uid)) continue;
-      // reclaimPolicy Retain: the instance of a deleted set stays (a leftover of a live set is still swept)
-      if (inst.retain && !this.caches.sets.get(inst.namespace, inst.set ?? "")) continue;
-      if (inst.ownerMismatch) {
-        this.opts.log.warn("not sweeping an instance whose files disagree about their owner", {
-          host: target.host,
-          instance: inst.name,
-        });
-        continue;
-      }
-      this.opts.log.info("removing orphaned instance", { host: target.host, instance: inst.name, uid: inst.uid });
-      await this.opts.hosts.remove(target, inst.name);
-      removed++;
-    }
-    return removed;
-  }
-
-  /** Drops the apply memory of Exporters that went without our finalizer running (deleted behind our back). */
-  private forgetGone(): void {
-    const known = new Set(this.caches.exporters.list().map((e) => e.metadata.uid));
-    for (const uid of this.ctx.applied.keys()) if (!known.has(uid)) this.ctx.applied.delete(uid);
-  }
-
-  /**
-   * Every distinct lab host that some ExporterSet of ours points at, or some Exporter was deployed to (a set that
-   * moved or went may have left instances behind), with working credentials.
-   */
-  private hostTargets(): LabTarget[] {
-    const out = new Map<string, LabTarget>();
-    for (const e of this.caches.exporters.list()) {
-      const target = deployedTarget(this.ctx, e);
-      if (target) out.set(targetString(target), target);
-    }
-    for (const set of this.caches.sets.list()) {
-      const ns = set.metadata.namespace;
-      const cls = this.caches.classes.get(ns, set.spec.virtualTargetClassName);
-      if (!cls || cls.spec.provisioner !== this.opts.provisioner) continue;
-      const params = resolveParams(cls, set);
-      if (!params.ok) continue;
-      const cred = sshTarget(
-        cls,
-        params.params,
-        this.caches.secrets.get(ns, cls.spec.credentialsSecretRef?.name ?? ""),
-        this.caches.secrets.get(ns, PINNED_HOST_KEYS_SECRET),
-      );
-      if (cred.ok) out.set(targetString(cred.target), cred.target);
-    }
-    return [...out.values()];
+  /** One orphan sweep now (see sweep.ts); returns how many instances it removed. */
+  sweep(): Promise<number> {
+    return sweep(this.ctx, this.opts.namespace);
   }
 }

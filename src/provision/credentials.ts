@@ -9,7 +9,7 @@ import { Buffer } from "node:buffer";
 import type { Secret, VirtualTargetClass } from "../api/types.ts";
 import { checkPrivateKey } from "../host/ssh_key.ts";
 import type { HostKeyPolicy, SshTarget } from "../host/ssh.ts";
-import type { InstanceParams } from "./params.ts";
+import type { InstanceParams } from "../host/instance_params.ts";
 import type { Problem } from "./status.ts";
 
 export const PINNED_HOST_KEYS_SECRET = "qemu-ssh-known-hosts";

@@ -6,25 +6,8 @@
  */
 import { isIPv4, isIPv6 } from "node:net";
 import type { DriverSpec, ExporterSet, VirtualTargetClass } from "../api/types.ts";
-
-export type PullPolicy = "Always" | "IfNotPresent" | "Never";
-export type HostKeyPolicy = "Strict" | "AcceptNew";
-
-export interface ImageChoice {
-  image: string;
-  pullPolicy: PullPolicy;
-}
-
-export interface InstanceParams {
-  host: { name: string; user: string; port: number };
-  hostKeyPolicy?: HostKeyPolicy;
-  runtime: { kvm: boolean; devices: string[] };
-  arch?: string;
-  cpu?: number;
-  memory?: string;
-  storage?: string;
-  images: { exporter: ImageChoice; runtime: ImageChoice };
-}
+import type { HostKeyPolicy } from "../host/ssh.ts";
+import { type ImageChoice, type InstanceParams, QEMU_DRIVER_TYPE, quantityBytes } from "../host/instance_params.ts";
 
 export interface FieldError {
   object: "VirtualTargetClass" | "ExporterSet";
@@ -47,7 +30,6 @@ export const DEFAULT_IMAGES = {
   runtime: "quay.io/jumpstarter-dev/virtual/qemu-runtime:latest",
 } as const;
 
-export const QEMU_DRIVER_TYPE = "jumpstarter_driver_qemu.driver.Qemu";
 export const KNOWN_ARCHES = [
   "x86_64",
   "i386",
@@ -78,43 +60,6 @@ export function mergeParameters(base: Json | undefined, override: Json | undefin
     out[k] = isMap(b) && isMap(v) ? mergeParameters(b, v) : v;
   }
   return out;
-}
-
-// ---------------------------------------------------------------- quantities
-
-const QUANTITY_RE = /^([0-9]+)(Ki|Mi|Gi|Ti|K|M|G|T)?$/;
-const UNIT_BYTES: Record<string, number> = {
-  "": 1,
-  K: 1e3,
-  M: 1e6,
-  G: 1e9,
-  T: 1e12,
-  Ki: 2 ** 10,
-  Mi: 2 ** 20,
-  Gi: 2 ** 30,
-  Ti: 2 ** 40,
-};
-
-function quantityBytes(q: string): number | undefined {
-  const m = QUANTITY_RE.exec(q);
-  return m ? Number(m[1]) * UNIT_BYTES[m[2] ?? ""] : undefined;
-}
-
-/**
- * A Kubernetes quantity as QEMU writes sizes (`-m`, `qemu-img resize`), whose suffixes are binary: `4Gi` -> `4G`,
- * `512Mi` -> `512M`, as upstream does. Decimal and plain-byte quantities are converted exactly rather than by
- * dropping the `i` (`4G` is 4e9 bytes, not 4 GiB): to the largest binary unit that divides them, else rounded up to
- * whole MiB, which QEMU needs anyway. Assumes a quantity that passed validation.
- */
-export function qemuQuantity(q: string): string {
-  const m = QUANTITY_RE.exec(q);
-  if (!m) throw new Error(`not a quantity: ${JSON.stringify(q)}`);
-  if (m[2]?.endsWith("i")) return `${m[1]}${m[2][0]}`;
-  const bytes = quantityBytes(q)!;
-  for (const [unit, size] of [["T", 2 ** 40], ["G", 2 ** 30], ["M", 2 ** 20]] as const) {
-    if (bytes % size === 0) return `${bytes / size}${unit}`;
-  }
-  return `${Math.ceil(bytes / 2 ** 20)}M`;
 }
 
 // ---------------------------------------------------------------- value checks

@@ -11,15 +11,8 @@
 import assert from "node:assert/strict";
 import fc from "fast-check";
 import type { DriverSpec, ExporterSet, VirtualTargetClass } from "../api/types.ts";
-import {
-  DEFAULT_IMAGES,
-  type InstanceParams,
-  KNOWN_ARCHES,
-  mergeParameters,
-  QEMU_DRIVER_TYPE,
-  qemuQuantity,
-  resolveParams,
-} from "./params.ts";
+import { DEFAULT_IMAGES, KNOWN_ARCHES, mergeParameters, resolveParams } from "./params.ts";
+import { type InstanceParams, QEMU_DRIVER_TYPE, qemuQuantity } from "../host/instance_params.ts";
 
 // ---------------------------------------------------------------- running properties
 

@@ -1,7 +1,8 @@
 import assert from "node:assert/strict";
 import { seedParams } from "../../test/fixtures.ts";
 import type { ExporterSet, VirtualTargetClass } from "../api/types.ts";
-import { type FieldError, mergeParameters, qemuQuantity, resolveParams } from "./params.ts";
+import { type FieldError, mergeParameters, resolveParams } from "./params.ts";
+import { qemuQuantity } from "../host/instance_params.ts";
 
 /** The VirtualTargetClass and ExporterSet of the user's documentation, as written there. */
 function seedClass(): VirtualTargetClass {

@@ -1,28 +1,43 @@
 #!/usr/bin/env bash
-# Prints, as the last line of stdout, a directory holding executable kube-apiserver and etcd.
+# Prints, as the last line of stdout, a directory holding executable kube-apiserver, kube-controller-manager and etcd.
 # Builds them from the Go module proxy on first use; later runs only check the cache.
 set -euo pipefail
 
 K8S_VERSION=v1.37.2
 ETCD_VERSION=v3.6.16
+BINARIES=(etcd kube-apiserver kube-controller-manager)
 
 # Callers parse only the last stdout line, so everything the Go tool prints must go to stderr.
 exec 3>&1 1>&2
 
-has_binaries() { [[ -x $1/kube-apiserver && -x $1/etcd ]]; }
-
-if [[ -n ${KUBEBUILDER_ASSETS:-} ]] && has_binaries "$KUBEBUILDER_ASSETS"; then
-  echo "$KUBEBUILDER_ASSETS" >&3
-  exit 0
-fi
+has_binaries() {
+  local b
+  for b in "${BINARIES[@]}"; do [[ -x $1/$b ]] || return 1; done
+}
 
 cache="${QSP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/qemu-ssh-provisioner}/controlplane"
 out="$cache/k8s-${K8S_VERSION#v}-etcd-${ETCD_VERSION#v}"
 
+if [[ -n ${KUBEBUILDER_ASSETS:-} && -x $KUBEBUILDER_ASSETS/kube-apiserver && -x $KUBEBUILDER_ASSETS/etcd ]]; then
+  if has_binaries "$KUBEBUILDER_ASSETS"; then
+    echo "$KUBEBUILDER_ASSETS" >&3
+    exit 0
+  fi
+  # envtest assets hold only kube-apiserver and etcd: a directory of links to those gets our kube-controller-manager
+  # beside them, built once per assets directory.
+  out="$cache/envtest-$(cksum <<<"$KUBEBUILDER_ASSETS" | cut -d' ' -f1)"
+  mkdir -p "$out"
+  for b in kube-apiserver etcd; do [[ -e $out/$b ]] || ln -sfn "$KUBEBUILDER_ASSETS/$b" "$out/$b"; done
+fi
+
 complete() { has_binaries "$out"; }
 source "$(dirname "${BASH_SOURCE[0]}")/../cached_build.sh"
 cached_or_locked complete "$out" "$cache"
-echo "build.sh: building kube-apiserver $K8S_VERSION and etcd $ETCD_VERSION from the Go module proxy; a cold build takes about 10 minutes on 2 cores" >&2
+
+missing=()
+for b in "${BINARIES[@]}"; do [[ -x $out/$b ]] || missing+=("$b"); done
+echo "build.sh: building ${missing[*]} (Kubernetes $K8S_VERSION, etcd $ETCD_VERSION) from the Go module proxy;" \
+  "a cold build of all three takes about 12 minutes on 2 cores" >&2
 
 mkdir -p "$out"
 # Under the cache dir (not /tmp) so the final mv is an atomic rename on the same filesystem.
@@ -30,8 +45,9 @@ work=$(mktemp -d "$cache/build.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 export CGO_ENABLED=0 GOFLAGS=-mod=mod
 
-build_kube_apiserver() {
-  local mod="$work/kube-apiserver" staging_version gomod
+# One go build for all the commands asked for compiles the packages they share once.
+build_kubernetes() {
+  local mod="$work/kubernetes" staging_version gomod
   # Staging modules are published as v0.M.P alongside k8s.io/kubernetes v1.M.P.
   staging_version="v0.${K8S_VERSION#v1.}"
   gomod=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
@@ -41,7 +57,7 @@ build_kube_apiserver() {
   }
   mkdir -p "$mod"
   {
-    echo "module qsp.local/kube-apiserver-build"
+    echo "module qsp.local/kubernetes-build"
     echo "go $(sed -n 's/^go //p' "$gomod")"
     echo "require k8s.io/kubernetes $K8S_VERSION"
     # k8s.io/kubernetes replaces its staging modules with ./staging paths that do not exist outside its repository.
@@ -52,13 +68,14 @@ build_kube_apiserver() {
     exit 1
   }
   # Without these (set by Kubernetes' own hack/lib/version.sh) /version reports v0.0.0-master, which clients misread.
-  local minor="${K8S_VERSION#v1.}" ldflags="" pkg
+  local minor="${K8S_VERSION#v1.}" ldflags="" pkg cmd pkgs=()
   minor="${minor%%.*}"
   for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ldflags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
   done
-  (cd "$mod" && go build -trimpath -ldflags="$ldflags" -o "$out/.kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver)
-  mv -f "$out/.kube-apiserver.tmp" "$out/kube-apiserver"
+  for cmd; do pkgs+=("k8s.io/kubernetes/cmd/$cmd"); done
+  (cd "$mod" && go build -trimpath -ldflags="$ldflags" -o "$work/bin/" "${pkgs[@]}")
+  for cmd; do mv -f "$work/bin/$cmd" "$out/$cmd"; done
 }
 
 build_etcd() {
@@ -85,7 +102,10 @@ EOF
 }
 
 started=$SECONDS
-[[ -x $out/etcd ]] || build_etcd
-[[ -x $out/kube-apiserver ]] || build_kube_apiserver
-echo "build.sh: built kube-apiserver $K8S_VERSION and etcd $ETCD_VERSION in $((SECONDS - started))s into $out" >&2
+kubernetes=()
+for b in "${missing[@]}"; do
+  if [[ $b == etcd ]]; then build_etcd; else kubernetes+=("$b"); fi
+done
+((${#kubernetes[@]} == 0)) || build_kubernetes "${kubernetes[@]}"
+echo "build.sh: built ${missing[*]} in $((SECONDS - started))s into $out" >&2
 echo "$out" >&3

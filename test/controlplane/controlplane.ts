@@ -1,4 +1,6 @@
-// A real etcd + kube-apiserver on loopback, with TLS and RBAC, for tests and the local sandbox.
+// A real etcd, kube-apiserver and kube-controller-manager on loopback, with TLS and RBAC, for tests and the sandbox.
+// The controller-manager runs only the garbage collector and the namespace controller: ownerReferences and namespace
+// deletion behave as in a cluster, and nothing else acts behind the tests' backs.
 
 export interface ControlPlane {
   dir: string;
@@ -13,8 +15,8 @@ export interface ControlPlane {
 
 const READY_TIMEOUT_MS = 90_000;
 const STOP_GRACE_MS = 5_000;
-// Stopped in this order so the apiserver never sees its storage vanish while it still serves.
-const COMPONENTS = ["kube-apiserver", "etcd"] as const;
+// Stopped in this order so no component sees the one it talks to vanish while it still runs.
+const COMPONENTS = ["kube-controller-manager", "kube-apiserver", "etcd"] as const;
 type Component = typeof COMPONENTS[number];
 
 const buildScript = new URL("./build.sh", import.meta.url).pathname;
@@ -28,7 +30,18 @@ export async function controlPlaneBinaries(): Promise<string> {
   return binDir;
 }
 
-export async function startControlPlane(opts: { dir: string; detached?: boolean }): Promise<ControlPlane> {
+export interface ControlPlaneOptions {
+  dir: string;
+  /** Leaves the processes running when this process exits (the sandbox); stop them with stopControlPlane. */
+  detached?: boolean;
+  /**
+   * Runs with the admin kubeconfig once the API server is ready, before the controller-manager starts: its garbage
+   * collector learns new kinds only every 30 s, and until then leaves the dependents of their objects in place.
+   */
+  setup?: (kubeconfigPath: string) => Promise<void>;
+}
+
+export async function startControlPlane(opts: ControlPlaneOptions): Promise<ControlPlane> {
   const dir = await Deno.realPath(await ensureDir(opts.dir));
   for (const name of COMPONENTS) {
     const pid = await runningPid(dir, name);
@@ -36,7 +49,7 @@ export async function startControlPlane(opts: { dir: string; detached?: boolean 
   }
   const binDir = await controlPlaneBinaries();
   const pki = await generatePki(dir);
-  const [etcdPort, etcdPeerPort, apiPort] = freePorts(3);
+  const [etcdPort, etcdPeerPort, apiPort, kcmPort] = freePorts(4);
   const server = `https://127.0.0.1:${apiPort}`;
   const etcdUrl = `http://127.0.0.1:${etcdPort}`;
   const etcdPeerUrl = `http://127.0.0.1:${etcdPeerPort}`;
@@ -57,7 +70,8 @@ export async function startControlPlane(opts: { dir: string; detached?: boolean 
     `--service-account-signing-key-file=${pki.saKey}`,
     "--service-cluster-ip-range=10.0.0.0/24",
     "--allow-privileged=true",
-    // No controller-manager runs, so nothing would ever create the default ServiceAccount that this plugin demands.
+    // The controller-manager runs without the serviceaccount controller, so nothing would ever create the default
+    // ServiceAccount that this plugin demands.
     "--disable-admission-plugins=ServiceAccount",
     // As on OpenShift: setting blockOwnerDeletion needs `update` on the owner's finalizers, which the Role must grant.
     "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
@@ -70,16 +84,18 @@ export async function startControlPlane(opts: { dir: string; detached?: boolean 
   const startApiServer = async () => {
     const child = await spawn(dir, "kube-apiserver", `${binDir}/kube-apiserver`, apiArgs, detached);
     const admin = await clientFor(pki.caCert, pki.adminCert, pki.adminKey);
-    try {
-      await waitFor("kube-apiserver", dir, child, async () => {
-        const res = await fetch(`${server}/readyz`, { client: admin });
-        const body = await res.text();
-        return res.ok && body.trim() === "ok";
-      });
-    } finally {
-      admin.close();
-    }
+    await waitUntilOk("kube-apiserver", dir, child, `${server}/readyz`, admin);
     return child;
+  };
+  const caPem = await Deno.readTextFile(pki.caCert);
+  const kubeconfigPath = `${dir}/kubeconfig`;
+  await writeKubeconfig(kubeconfigPath, server, caPem, "admin", pki.adminCert, pki.adminKey);
+  const userKubeconfig = async (user: string, groups: string[] = []) => {
+    const file = user.replace(/[^A-Za-z0-9._-]/g, "_");
+    const { cert, key } = await issueCert(pki, `user-${file}`, { cn: user, orgs: groups, usage: "clientAuth" });
+    const path = `${dir}/kubeconfig-${file}`;
+    await writeKubeconfig(path, server, caPem, user, cert, key);
+    return path;
   };
   const children: Deno.ChildProcess[] = [];
   const detached = opts.detached ?? false;
@@ -105,15 +121,34 @@ export async function startControlPlane(opts: { dir: string; detached?: boolean 
     });
 
     children.push(await startApiServer());
+    await opts.setup?.(kubeconfigPath);
+
+    const kcm = await spawn(dir, "kube-controller-manager", `${binDir}/kube-controller-manager`, [
+      // Without per-controller ServiceAccounts every controller acts as this user, and the garbage collector must be
+      // able to delete any kind: the bootstrap role of system:kube-controller-manager alone does not allow that.
+      `--kubeconfig=${await userKubeconfig("system:kube-controller-manager", ["system:masters"])}`,
+      "--use-service-account-credentials=false",
+      "--controllers=garbage-collector-controller,namespace-controller",
+      // The default (20 workers) is sized for clusters far bigger than a test's, on machines with more than 2 cores.
+      "--concurrent-gc-syncs=5",
+      "--leader-elect=false",
+      "--bind-address=127.0.0.1",
+      `--secure-port=${kcmPort}`,
+      // Signed by our CA, so the readiness probe can verify it; it already names 127.0.0.1.
+      `--tls-cert-file=${pki.serverCert}`,
+      `--tls-private-key-file=${pki.serverKey}`,
+      "--profiling=false",
+    ], detached);
+    children.push(kcm);
+    // /healthz is always allowed, so an anonymous client is enough.
+    const anonymous = Deno.createHttpClient({ caCerts: [caPem] });
+    await waitUntilOk("kube-controller-manager", dir, kcm, `https://127.0.0.1:${kcmPort}/healthz`, anonymous);
   } catch (err) {
     await stopChildren(dir, children);
     throw err;
   }
 
   if (detached) { for (const child of children) child.unref(); }
-  const caPem = await Deno.readTextFile(pki.caCert);
-  const kubeconfigPath = `${dir}/kubeconfig`;
-  await writeKubeconfig(kubeconfigPath, server, caPem, "admin", pki.adminCert, pki.adminKey);
 
   return {
     dir,
@@ -128,13 +163,7 @@ export async function startControlPlane(opts: { dir: string; detached?: boolean 
       await new Promise((r) => setTimeout(r, downMs));
       children[1] = await startApiServer();
     },
-    async userKubeconfig(user: string, groups: string[] = []) {
-      const file = user.replace(/[^A-Za-z0-9._-]/g, "_");
-      const { cert, key } = await issueCert(pki, `user-${file}`, { cn: user, orgs: groups, usage: "clientAuth" });
-      const path = `${dir}/kubeconfig-${file}`;
-      await writeKubeconfig(path, server, caPem, user, cert, key);
-      return path;
-    },
+    userKubeconfig,
   };
 }
 
@@ -354,6 +383,24 @@ async function waitFor(
     }
     await new Promise((r) => setTimeout(r, delay));
     delay = Math.min(delay * 2, 250);
+  }
+}
+
+/** Waits until `url` answers "ok" to `client`, which it closes. */
+async function waitUntilOk(
+  name: Component,
+  dir: string,
+  child: Deno.ChildProcess,
+  url: string,
+  client: Deno.HttpClient,
+): Promise<void> {
+  try {
+    await waitFor(name, dir, child, async () => {
+      const res = await fetch(url, { client });
+      return res.ok && (await res.text()).trim() === "ok";
+    });
+  } finally {
+    client.close();
   }
 }
 

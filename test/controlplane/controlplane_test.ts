@@ -39,7 +39,9 @@ Deno.test("control plane serves TLS with client-cert authn and RBAC, and stops c
     const t0 = performance.now();
     cp = await startControlPlane({ dir });
     console.log(`control plane ready in ${Math.round(performance.now() - t0)} ms at ${cp.server}`);
-    const pids = ["etcd", "kube-apiserver"].map((n) => Number(Deno.readTextFileSync(`${dir}/${n}.pid`).trim()));
+    const pids = ["etcd", "kube-apiserver", "kube-controller-manager"].map((n) =>
+      Number(Deno.readTextFileSync(`${dir}/${n}.pid`).trim())
+    );
     const namespaces = `${cp.server}/api/v1/namespaces`;
 
     const admin = await clientFromKubeconfig(cp.kubeconfigPath);

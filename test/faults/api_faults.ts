@@ -7,9 +7,8 @@
  */
 import { parse, stringify } from "yaml";
 import { startControlPlane } from "../controlplane/controlplane.ts";
-import { installCrds, waitFor } from "../env.ts";
+import { installCrdsAt, waitFor } from "../env.ts";
 import { FaultInjector } from "../faultproxy.ts";
-import { KubeClient } from "../../src/kube/client.ts";
 import type { KubeObject } from "../../src/api/types.ts";
 import { CONFIG_MAPS } from "../../src/kube/resources.ts";
 import { checkInvariants, trial } from "./invariants.ts";
@@ -17,14 +16,11 @@ import { FaultWorld, type Outcome, randomBetween, sleep } from "./world.ts";
 
 export async function apiScenario(reps: number, silenceMs: number): Promise<Outcome[]> {
   const dir = await Deno.makeTempDir({ prefix: "qsp-faults-api-" });
-  const cp = await startControlPlane({ dir: `${dir}/controlplane` });
+  const cp = await startControlPlane({ dir: `${dir}/controlplane`, setup: installCrdsAt });
   let proxy: FaultInjector | undefined;
   let w: FaultWorld | undefined;
   const results: Outcome[] = [];
   try {
-    const admin = await KubeClient.load(cp.kubeconfigPath);
-    await installCrds(admin);
-    admin.close();
     proxy = await FaultInjector.forKubeconfig(cp.kubeconfigPath);
     const viaProxy = `${dir}/via-proxy.kubeconfig`;
     await writeKubeconfigVia(cp.kubeconfigPath, proxy.url, viaProxy);

@@ -10,7 +10,7 @@
  */
 import type { Exporter, ExporterSet } from "../../src/api/types.ts";
 import type { HostInspection, InspectedInstance } from "../../src/host/remote.ts";
-import { HOST_ANNOTATION } from "../../src/provision/reconciler.ts";
+import { HOST_ANNOTATION } from "../../src/provision/marks.ts";
 import { type FaultWorld, type Outcome, outcomes, secondsSince, sleep } from "./world.ts";
 
 export interface InvariantReport {

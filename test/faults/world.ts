@@ -9,6 +9,7 @@
 import { Buffer } from "node:buffer";
 import { freshNamespace, seedExample, type TestEnv, testEnv, waitFor } from "../env.ts";
 import { type FakeJumpstarter, startFakeJumpstarter } from "../fake_jumpstarter.ts";
+import { directTarget, ourController } from "../e2e_world.ts";
 import { hostExec, type LabHost } from "../labhost/labhost.ts";
 import { KubeClient } from "../../src/kube/client.ts";
 import { Informer } from "../../src/kube/informer.ts";
@@ -21,14 +22,11 @@ import type {
   Secret,
   VirtualTargetClass,
 } from "../../src/api/types.ts";
-import { PROVISIONER } from "../../src/api/types.ts";
-import { SshPool, type SshTarget } from "../../src/host/ssh.ts";
+import { SshPool } from "../../src/host/ssh.ts";
 import { LabHosts } from "../../src/host/lab.ts";
 import type { HostInspection } from "../../src/host/remote.ts";
-import { Controller } from "../../src/provision/controller.ts";
-import { ownerSetName, pinHostKey } from "../../src/provision/reconciler.ts";
+import { ownerSetName } from "../../src/provision/marks.ts";
 import { desiredCount } from "../../src/provision/plan.ts";
-import type { LabTarget } from "../../src/provision/credentials.ts";
 import { silentLogger } from "../../src/observe/log.ts";
 
 export const SEED_HOST = "lab-host-01.example.com";
@@ -411,22 +409,10 @@ export class FaultWorld {
     this.peak = this.watcher.list().filter((e) => ownerSetName(e) === SET && !e.metadata.deletionTimestamp).length;
   }
 
-  /** An SSH target for looking at a lab host directly (by address, strict host keys). */
-  async target(host: LabHost): Promise<SshTarget> {
-    return {
-      host: host.address,
-      port: host.port,
-      user: host.user,
-      privateKey: await Deno.readTextFile(host.privateKeyPath),
-      knownHosts: await Deno.readTextFile(host.knownHostsPath),
-      hostKeyPolicy: "Strict",
-    };
-  }
-
   /** `LabHosts.inspect` of every lab host, by host name (h1, h2). */
   async inspectAll(): Promise<Map<string, HostInspection>> {
     const out = new Map<string, HostInspection>();
-    for (const h of this.hosts) out.set(h.name, await this.lab.inspect(await this.target(h)));
+    for (const h of this.hosts) out.set(h.name, await this.lab.inspect(await directTarget(h)));
     return out;
   }
 
@@ -435,19 +421,8 @@ export class FaultWorld {
    * starts, so it reconciles nothing), then `sweep()`. Returns how many instances it removed.
    */
   async sweep(): Promise<number> {
-    const pool = new SshPool({
-      connectTimeoutMs: 5_000,
-      backoffBaseMs: 200,
-      backoffMaxMs: 2_000,
-      onHostKeyAccepted: (t, line) => pinHostKey(this.client, t as LabTarget, line),
-    });
-    const ctl = new Controller({
-      client: this.client,
-      hosts: new LabHosts(pool, { hostAliases: this.aliases }),
-      log: silentLogger,
-      provisioner: PROVISIONER,
-      namespace: this.ns,
-      sweepMs: 3_600_000,
+    const { controller: ctl, pool } = ourController(this.client, this.ns, this.aliases, {
+      pool: { connectTimeoutMs: 5_000, backoffBaseMs: 200, backoffMaxMs: 2_000 },
     });
     const abort = new AbortController();
     const caches = Object.values(ctl.caches) as Informer<KubeObject>[];
@@ -496,7 +471,7 @@ export class FaultWorld {
     }
     await this.client.delete(EXPORTER_SETS, this.ns, SET).catch(() => {});
     for (const h of this.hosts) {
-      const t = await this.target(h);
+      const t = await directTarget(h);
       const inspection = await this.lab.inspect(t).catch(() => undefined);
       for (const i of inspection?.instances ?? []) {
         if (this.owns(i)) await this.lab.remove(t, i.name).catch(() => {});

@@ -5,7 +5,7 @@
  *
  * v0.7.1 serves self-signed certificates (one for the controller, one for the router, new on every start) and
  * publishes them nowhere; this module reads them off the ports and writes them to the ConfigMap that exporters take
- * their CA bundle from. It also runs the token Secret collector the cluster lacks (see token_secrets.ts).
+ * their CA bundle from.
  */
 import { Buffer } from "node:buffer";
 import http2 from "node:http2";
@@ -14,7 +14,6 @@ import type { ConfigMap, KubeObject } from "../../src/api/types.ts";
 import { isConflict, KubeClient } from "../../src/kube/client.ts";
 import { CONFIG_MAPS, CRDS, NAMESPACES } from "../../src/kube/resources.ts";
 import { waitFor } from "../env.ts";
-import { startTokenSecretCollector } from "./token_secrets.ts";
 
 /** Where exporters look for the CA bundle by default (ExporterSet / VirtualTargetClass without caBundleConfigMapRef). */
 export const CA_CONFIGMAP = { name: "jumpstarter-service-ca-cert", key: "ca.crt" };
@@ -135,7 +134,6 @@ export async function startRealJumpstarter(opts: RealJumpstarterOptions): Promis
     client.close();
     throw err;
   }
-  const collector = startTokenSecretCollector(client);
   return {
     endpoint,
     routerEndpoint,
@@ -146,7 +144,6 @@ export async function startRealJumpstarter(opts: RealJumpstarterOptions): Promis
     },
     async stop() {
       await stopChildren();
-      await collector.stop();
       client.close();
     },
     logs,

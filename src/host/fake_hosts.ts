@@ -1,0 +1,108 @@
+/**
+ * An in-memory stand-in for LabHosts, for unit tests of reconciling: hosts keep instances as the apply script would
+ * leave them (files, and whether each unit runs), can be taken down, and can have an exporter exit by itself.
+ */
+import type { ApplyOutcome, HostOps } from "./lab.ts";
+import { OWNER_PREFIX, type RenderedInstance } from "./render.ts";
+import type { HostInspection, InspectedInstance } from "./remote.ts";
+import { SshError, type SshTarget } from "./ssh.ts";
+
+export interface FakeInstance {
+  host: string;
+  rendered: RenderedInstance;
+  exporter: "active" | "exited";
+  /** How often the exporter was started (first start included). */
+  starts: number;
+}
+
+export class FakeHosts implements HostOps {
+  /** By host, then instance name. */
+  readonly hosts = new Map<string, Map<string, FakeInstance>>();
+  /** Hosts that refuse connections. */
+  readonly down = new Set<string>();
+  /** Every call, in order: "apply host name", "remove host name", "inspect host". */
+  readonly calls: string[] = [];
+
+  instance(host: string, name: string): FakeInstance | undefined {
+    return this.hosts.get(host)?.get(name);
+  }
+
+  /** The exporter ends by itself (a lease ended, or it crashed); systemd leaves it down. */
+  exit(host: string, name: string): void {
+    this.instance(host, name)!.exporter = "exited";
+  }
+
+  apply(
+    target: SshTarget,
+    r: RenderedInstance,
+    opts: { kvmRequired: boolean; keepExited: boolean },
+  ): Promise<ApplyOutcome> {
+    this.reach(target, `apply ${target.host} ${r.name}`);
+    const host = this.on(target.host);
+    const before = host.get(r.name);
+    const old = new Map(before?.rendered.files.map((f) => [f.path, f.content]));
+    const changed = r.files.filter((f) => old.get(f.path) !== f.content).map((f) => f.path);
+    const inst: FakeInstance = before ?? { host: target.host, rendered: r, exporter: "exited", starts: 0 };
+    inst.rendered = r;
+    host.set(r.name, inst);
+    // as the apply script: a changed quadlet restarts the exporter; an exporter found down starts unless held
+    const restart = changed.some((p) => p.endsWith(".container")) && inst.exporter === "active";
+    const start = inst.exporter === "exited" && !opts.keepExited;
+    if (start || restart) {
+      inst.exporter = "active";
+      inst.starts++;
+    }
+    const ready = inst.exporter === "active";
+    return Promise.resolve({
+      changed,
+      ready,
+      exited: !ready,
+      startedExporter: start || restart,
+      exporterRestarts: 0,
+      journal: ready ? [] : ["exporter exited"],
+      errors: [],
+    });
+  }
+
+  remove(target: SshTarget, name: string): Promise<void> {
+    this.reach(target, `remove ${target.host} ${name}`);
+    this.hosts.get(target.host)?.delete(name);
+    return Promise.resolve();
+  }
+
+  inspect(target: SshTarget): Promise<HostInspection> {
+    this.reach(target, `inspect ${target.host}`);
+    const instances = [...this.on(target.host).values()].map(inspected);
+    return Promise.resolve({ ok: true, kvm: true, diskFreeKiB: {}, instances, errors: [] });
+  }
+
+  private on(host: string): Map<string, FakeInstance> {
+    let m = this.hosts.get(host);
+    if (!m) this.hosts.set(host, m = new Map());
+    return m;
+  }
+
+  private reach(target: SshTarget, call: string): void {
+    this.calls.push(call);
+    if (this.down.has(target.host)) throw new SshError("connect", target, `connect ECONNREFUSED ${target.host}`);
+  }
+}
+
+function inspected(i: FakeInstance): InspectedInstance {
+  const r = i.rendered;
+  const owner = r.files.flatMap((f) => f.content.split("\n")).find((l) => l.startsWith(OWNER_PREFIX)) ?? "";
+  const unit = (active: string) => ({ load: "loaded", active, sub: active === "active" ? "running" : "dead" });
+  return {
+    name: r.name,
+    namespace: r.namespace,
+    uid: r.uid,
+    set: /\bset=(\S+)/.exec(owner)?.[1],
+    retain: owner.includes(" reclaim=Retain"),
+    files: [],
+    ownerMismatch: false,
+    runtime: unit("active"),
+    exporter: unit(i.exporter === "active" ? "active" : "inactive"),
+    containers: [],
+    volume: true,
+  };
+}

@@ -1,0 +1,103 @@
+/**
+ * What every phase of a reconcile shares: the API, the caches, the hosts, the clock, and this process's memory of
+ * its own work. The controller builds the real one; the unit tests build one from fakes.
+ */
+import type {
+  ConfigMap,
+  Exporter,
+  ExporterSet,
+  ExporterSetStatus,
+  Lease,
+  Secret,
+  VirtualTargetClass,
+} from "../api/types.ts";
+import type { KubeApi, Resource } from "../kube/client.ts";
+import {
+  CONFIG_MAPS,
+  EXPORTER_SETS,
+  EXPORTERS,
+  JUMPSTARTER_LEASES,
+  SECRETS,
+  VIRTUAL_TARGET_CLASSES,
+} from "../kube/resources.ts";
+import type { Cache } from "../kube/informer.ts";
+import type { Recorder } from "../kube/events.ts";
+import type { Logger } from "../observe/log.ts";
+import type { Metrics } from "../observe/metrics.ts";
+import type { HostOps } from "../host/lab.ts";
+
+/** The kinds reconciling reads from caches, by cache. */
+export interface Cached {
+  sets: ExporterSet;
+  classes: VirtualTargetClass;
+  exporters: Exporter;
+  leases: Lease;
+  secrets: Secret;
+  configMaps: ConfigMap;
+}
+
+export type Caches = { [K in keyof Cached]: Cache<Cached[K]> };
+
+/** The resource each cache holds. */
+const CACHED: Record<keyof Cached, Resource> = {
+  sets: EXPORTER_SETS,
+  classes: VIRTUAL_TARGET_CLASSES,
+  exporters: EXPORTERS,
+  leases: JUMPSTARTER_LEASES,
+  secrets: SECRETS,
+  configMaps: CONFIG_MAPS,
+};
+
+/** One cache per cached resource, each made by `make` (informers in the controller, FakeKube caches in tests). */
+export function cachesFrom<C>(make: (r: Resource) => C): Record<keyof Cached, C> {
+  return Object.fromEntries(Object.entries(CACHED).map(([k, r]) => [k, make(r)])) as Record<keyof Cached, C>;
+}
+
+export interface Context {
+  client: KubeApi;
+  caches: Caches;
+  hosts: HostOps;
+  recorder: Recorder;
+  log: Logger;
+  metrics: Metrics;
+  provisioner: string;
+  now: () => Date;
+  /** Re-apply every instance at least this often, to repair drift on the host. */
+  resyncMs: number;
+  /** Per-process memory of what was applied, so an unchanged instance is not re-sent on every event. */
+  applied: Map<string, AppliedState>;
+  /** Exporters created but not yet seen in the cache, per set uid (avoids double creation). */
+  expectations: Map<string, { names: Set<string>; until: number }>;
+  /** The status last written per set key ("ns/name"), for the set of that uid (see lastStatus). */
+  statuses: Map<string, { uid: string; status: ExporterSetStatus }>;
+  /** Per Exporter uid: how often its exporter was found down without its lease ending, and when to start it next. */
+  exporterFailures: Map<string, ExporterFailures>;
+}
+
+/** A context with empty memory. */
+export function newContext(
+  deps: Omit<Context, "applied" | "expectations" | "statuses" | "exporterFailures">,
+): Context {
+  return { ...deps, applied: new Map(), expectations: new Map(), statuses: new Map(), exporterFailures: new Map() };
+}
+
+export interface ExporterFailures {
+  count: number;
+  /** When we last started it again. */
+  at: number;
+  /** Not started again before this (back-off). */
+  nextAt: number;
+}
+
+export interface AppliedState {
+  hash: string;
+  at: number;
+  host: string;
+  ready: boolean;
+  /** The exporter ended by itself and was left down (waiting for its lease to end, or for the back-off). */
+  exited: boolean;
+  /** Why the exporter keeps going down, with its last journal lines; undefined while it is healthy. */
+  failing?: string;
+  /** Jumpstarter's offline report (see offlineMarker) as it stood when this apply ran. */
+  offline?: string;
+}

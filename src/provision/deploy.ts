@@ -1,0 +1,219 @@
+/**
+ * Deploy: render each live Exporter's instance and apply it on its host, unless the last apply still describes it;
+ * count the exporters that keep going down without their lease ending, and start them again with back-off.
+ */
+import { createHash } from "node:crypto";
+import type { Exporter, ExporterSet, VirtualTargetClass } from "../api/types.ts";
+import { instanceOf, renderInstance } from "../host/render.ts";
+import type { ApplyOutcome } from "../host/lab.ts";
+import type { InstanceParams } from "../host/instance_params.ts";
+import { decodeSecretValue, type LabTarget } from "./credentials.ts";
+import type { AppliedState, Context } from "./context.ts";
+import { isLeased, leaseState } from "./leases.ts";
+import { HOST_ANNOTATION, RECLAIM_ANNOTATION } from "./marks.ts";
+import { errorText } from "./problems.ts";
+import type { Problem } from "./status.ts";
+import { parseTarget, TARGET_ANNOTATION, targetString } from "./targets.ts";
+import { annotate, replaceLeftBehind } from "./writes.ts";
+
+const DEFAULT_CA_CONFIGMAP = { name: "jumpstarter-service-ca-cert", key: "ca.crt" };
+
+/** Deploys every live Exporter that has its credentials, in parallel; failures become problems. */
+export async function deployAll(
+  ctx: Context,
+  set: ExporterSet,
+  cls: VirtualTargetClass,
+  live: Exporter[],
+  params: InstanceParams,
+  target: LabTarget,
+  problems: Problem[],
+): Promise<{ states: Map<string, AppliedState | undefined>; waiting: string[] }> {
+  const waiting = live.filter((e) => !e.status?.credential?.name || !e.status?.endpoint).map((e) => e.metadata.name!);
+  const results = await Promise.all(live.map(async (e) => {
+    if (waiting.includes(e.metadata.name!)) return undefined;
+    try {
+      return await deploy(ctx, set, cls, e, params, target);
+    } catch (err) {
+      if (err instanceof LeftBehind && !isLeased(e, ctx.caches.leases.list(e.metadata.namespace))) {
+        await replaceLeftBehind(ctx, set, e, err.message);
+        return undefined;
+      }
+      const p = { reason: problemReason(err), message: `${e.metadata.name}: ${errorText(err)}` };
+      problems.push(p);
+      ctx.recorder.event(e, "Warning", p.reason, p.message);
+      ctx.log.warn("deploy failed", { exporterSet: set.metadata.name, exporter: e.metadata.name, error: p.message });
+      return undefined;
+    }
+  }));
+  for (const r of results) if (r?.failing) problems.push({ reason: "ExporterFailing", message: r.failing });
+  return { states: new Map(live.map((e, i) => [e.metadata.uid!, results[i]])), waiting };
+}
+
+async function deploy(
+  ctx: Context,
+  set: ExporterSet,
+  cls: VirtualTargetClass,
+  e: Exporter,
+  params: InstanceParams,
+  target: LabTarget,
+): Promise<AppliedState> {
+  const ns = set.metadata.namespace!;
+  const name = e.metadata.name!;
+  const where = targetString(target);
+  const previous = e.metadata.annotations?.[TARGET_ANNOTATION];
+  if (previous && previous !== where) {
+    // The set now points at another host: remove the instance from the old one before deploying anew.
+    await ctx.hosts.remove(parseTarget(previous, target), name).catch((err) => {
+      throw new LeftBehind(previous, err);
+    });
+    ctx.applied.delete(e.metadata.uid!);
+  }
+  // The target is recorded before anything reaches the host, so that teardown finds a half-done deploy; the host
+  // annotation (what people read) only once the instance is really there.
+  if (previous !== where) await annotate(ctx, e, { [TARGET_ANNOTATION]: where, [HOST_ANNOTATION]: null });
+
+  const token = decodeSecretValue(ctx.caches.secrets.get(ns, e.status!.credential!.name), "token");
+  if (!token) throw new Error(`Secret ${ns}/${e.status!.credential!.name} has no token yet`);
+  const instance = instanceOf(set, params, {
+    name,
+    uid: e.metadata.uid!,
+    endpoint: e.status!.endpoint!,
+    token,
+    caBundle: caBundle(ctx, cls),
+    retain: cls.spec.reclaimPolicy === "Retain",
+  });
+  const rendered = renderInstance(instance);
+  const hash = createHash("sha256").update(JSON.stringify(rendered)).update(JSON.stringify(target)).digest("hex");
+  const last = ctx.applied.get(e.metadata.uid!);
+  const now = ctx.now().getTime();
+  const offline = offlineMarker(e);
+  if (last && stillApplied(last, hash, offline, now - last.at < ctx.resyncMs)) return last;
+
+  const lease = leaseState(e, ctx.caches.leases.list(ns));
+  const failures = ctx.exporterFailures.get(e.metadata.uid!);
+  // An exporter that exited while a lease names it is left down: Jumpstarter is about to end that lease, and the plan
+  // then replaces the instance. With no lease it should not have exited: it is started again, with back-off.
+  const holdExited = instance.exitOnLeaseEnd && (lease !== "none" || (failures !== undefined && now < failures.nextAt));
+  const started = performance.now();
+  const report = await ctx.hosts.apply(target, rendered, { kvmRequired: params.runtime.kvm, keepExited: holdExited });
+  ctx.metrics.deploySeconds.observe({ host: target.host }, (performance.now() - started) / 1000);
+  if (report.errors.length) throw new DeployError(report.errors.join("; "), report.errorCode);
+  if (report.changed.length && !last) {
+    ctx.recorder.event(
+      e,
+      "Normal",
+      "Deployed",
+      `deployed to ${target.host} (units ${rendered.units.runtime}, ${rendered.units.exporter})`,
+    );
+  } else if (report.changed.length) {
+    ctx.recorder.event(e, "Normal", "Updated", `updated on ${target.host}: ${report.changed.join(", ")}`);
+  }
+  const state: AppliedState = {
+    hash,
+    at: now,
+    host: target.host,
+    ready: report.ready,
+    exited: report.exited,
+    failing: trackFailures(ctx, e, report, last !== undefined, now),
+    offline,
+  };
+  ctx.applied.set(e.metadata.uid!, state);
+  const reclaim = instance.retain ? "Retain" : undefined;
+  const annotations = e.metadata.annotations ?? {};
+  if (
+    annotations[HOST_ANNOTATION] !== target.host || previous !== where || annotations[RECLAIM_ANNOTATION] !== reclaim
+  ) {
+    await annotate(ctx, e, { [HOST_ANNOTATION]: target.host, [RECLAIM_ANNOTATION]: reclaim ?? null });
+  }
+  return state;
+}
+
+/** Starts counted before the set reports the exporter as failing; systemd's own restarts after crashes count too. */
+const FAILING_AFTER = 3;
+const BACKOFF_FIRST_MS = 10_000;
+const BACKOFF_MAX_MS = 5 * 60_000;
+/** Up this long since we last had to start it: the exporter is healthy again and its count starts over. */
+const HEALTHY_AFTER_MS = 10 * 60_000;
+
+/**
+ * Counts the starts of an exporter that went down by itself (not the first start, not a restart for a change) and
+ * returns the problem to report once they pile up. Exit status is not evidence of anything: a crash and a clean exit
+ * without a lease end are the same failure to the set.
+ */
+function trackFailures(
+  ctx: Context,
+  e: Exporter,
+  report: ApplyOutcome,
+  deployedBefore: boolean,
+  now: number,
+): string | undefined {
+  const uid = e.metadata.uid!;
+  let f = ctx.exporterFailures.get(uid);
+  if (report.startedExporter && deployedBefore) {
+    const count = (f?.count ?? 0) + 1;
+    f = { count, at: now, nextAt: now + Math.min(BACKOFF_FIRST_MS * 2 ** (count - 1), BACKOFF_MAX_MS) };
+    ctx.exporterFailures.set(uid, f);
+    ctx.log.warn("exporter was down, started it again", { exporter: e.metadata.name, times: count });
+  } else if (f && report.ready && now - f.at > HEALTHY_AFTER_MS) {
+    ctx.exporterFailures.delete(uid);
+    f = undefined;
+  }
+  // systemd's count also grows with every reload an exporter does by restarting (SIGHUP makes `jmp run` exit), so it
+  // says "failing" only while the exporter is down
+  const times = Math.max(f?.count ?? 0, report.ready ? 0 : report.exporterRestarts);
+  if (times < FAILING_AFTER) return undefined;
+  const lines = report.journal.length ? `; last lines: ${report.journal.join(" | ")}` : "";
+  return `${e.metadata.name}: the exporter went down ${times} times without its lease ending; restarting it with ` +
+    `back-off (journalctl -u ${e.metadata.name}-exporter on the host)${lines}`;
+}
+
+/**
+ * Whether the last apply still describes the host, so this reconcile need not send anything: same content, found
+ * healthy, recent, and Jumpstarter has not reported the exporter gone since. That report is the prompt sign of an
+ * exporter that exited after its lease (ExitAndReplace) or crashed; it is acted on once per report, so an exporter
+ * that stays offline for other reasons (it cannot reach Jumpstarter) is not re-applied on every event.
+ */
+function stillApplied(last: AppliedState, hash: string, offline: string | undefined, recent: boolean): boolean {
+  return last.hash === hash && last.ready && recent && (offline === undefined || offline === last.offline);
+}
+
+/** Jumpstarter's current "offline" report on the Exporter, as a value that changes with each new report. */
+function offlineMarker(e: Exporter): string | undefined {
+  const online = e.status?.conditions?.find((c) => c.type === "Online");
+  if (online?.status === "False") return `Online=False@${online.lastTransitionTime ?? ""}`;
+  if (e.status?.exporterStatus === "Offline") return `Offline@${e.status.lastSeen ?? ""}`;
+  return undefined;
+}
+
+class DeployError extends Error {
+  constructor(message: string, readonly code?: string) {
+    super(message);
+  }
+}
+
+/** The set moved to another host, and the instance could not be removed from the one it was on. */
+class LeftBehind extends Error {
+  constructor(readonly where: string, readonly reason: unknown) {
+    super(`could not remove it from its previous host ${where}: ${errorText(reason)}`);
+  }
+}
+
+function problemReason(err: unknown): string {
+  if (err instanceof LeftBehind) return "MoveBlocked";
+  if (err instanceof DeployError && err.code === "kvm-missing") return "KvmMissing";
+  const kind = (err as { kind?: string })?.kind;
+  if (kind === "hostkey") return "HostKeyRejected";
+  if (kind === "auth") return "AuthenticationFailed";
+  // closed: the connection died under a running command, which is what a host that went away looks like
+  if (kind === "connect" || kind === "timeout" || kind === "closed") return "HostUnreachable";
+  return "DeployFailed";
+}
+
+function caBundle(ctx: Context, cls: VirtualTargetClass): string {
+  const ns = cls.metadata.namespace;
+  const ref = cls.spec.caBundleConfigMapRef;
+  const cm = ref
+    ? ctx.caches.configMaps.get(ns, ref.name)?.data?.[ref.key ?? "ca-bundle.crt"]
+    : ctx.caches.configMaps.get(ns, DEFAULT_CA_CONFIGMAP.name)?.data?.[DEFAULT_CA_CONFIGMAP.key];
+  return cm ?? "";
+}

@@ -1,0 +1,25 @@
+/** How problems read in status and events, and how soon a set with problems is looked at again. */
+import { SshError } from "../host/ssh.ts";
+import type { Problem } from "./status.ts";
+
+/** Problems that fix themselves (a host back online) are retried sooner than those that wait for a person. */
+const TRANSIENT_PROBLEMS = new Set(["HostUnreachable", "TeardownFailed", "MoveBlocked"]);
+const TRANSIENT_RETRY_MS = 10_000;
+const PROBLEM_RETRY_MS = 30_000;
+
+export function retryAfterMs(resyncMs: number, problems: Problem[]): number {
+  if (problems.some((p) => TRANSIENT_PROBLEMS.has(p.reason))) return TRANSIENT_RETRY_MS;
+  return problems.length ? PROBLEM_RETRY_MS : resyncMs;
+}
+
+/**
+ * An error's message for status and events. While the SSH pool backs off it rethrows the last failure with a
+ * countdown ("next attempt allowed in 7s"); that text changes on every reconcile and would make a new Event object and
+ * a status write each time, so the underlying failure is reported instead.
+ */
+export function errorText(e: unknown): string {
+  if (e instanceof SshError && e.retryAt !== undefined && e.cause instanceof Error) {
+    return `${e.cause.message} (retrying with backoff)`;
+  }
+  return e instanceof Error ? e.message : String(e);
+}

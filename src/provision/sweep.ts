@@ -1,0 +1,65 @@
+/**
+ * The orphan sweep: instances on our hosts whose Exporter no longer exists (left behind by a controller killed
+ * mid-way, or an Exporter deleted behind our back) are removed.
+ */
+import { abortableSleep } from "../kube/backoff.ts";
+import type { LabTarget } from "./credentials.ts";
+import type { Context } from "./context.ts";
+import { hostTargets } from "./targets.ts";
+
+/** Sweeps every `everyMs` until `signal` aborts; a failed sweep is logged and the next one tries again. */
+export async function sweepLoop(ctx: Context, namespace: string | undefined, everyMs: number, signal: AbortSignal) {
+  while (!signal.aborted) {
+    await abortableSleep(everyMs, signal);
+    if (signal.aborted) break;
+    await sweep(ctx, namespace).catch((e) => ctx.log.warn("orphan sweep failed", { error: String(e) }));
+  }
+}
+
+/**
+ * Removes instances on our hosts whose Exporter no longer exists. Returns how many were removed. Hosts are swept in
+ * parallel and each on its own: one that is down neither delays nor stops the sweep of the others. With a namespace,
+ * instances of other namespaces are not ours to judge.
+ */
+export async function sweep(ctx: Context, namespace: string | undefined): Promise<number> {
+  const removed = await Promise.all(
+    hostTargets(ctx.caches, ctx.provisioner).map((target) =>
+      sweepHost(ctx, namespace, target).catch((e) => {
+        ctx.log.warn("orphan sweep of a host failed", { host: target.host, error: String(e) });
+        return 0;
+      })
+    ),
+  );
+  forgetGone(ctx);
+  return removed.reduce((a, b) => a + b, 0);
+}
+
+async function sweepHost(ctx: Context, namespace: string | undefined, target: LabTarget): Promise<number> {
+  const inspection = await ctx.hosts.inspect(target);
+  // Read after the inspection: an instance deployed meanwhile had its Exporter cached before its apply began.
+  const known = new Set(ctx.caches.exporters.list().map((e) => e.metadata.uid));
+  let removed = 0;
+  for (const inst of inspection.instances) {
+    if (namespace && inst.namespace !== namespace) continue;
+    if (inst.uid && known.has(inst.uid)) continue;
+    // reclaimPolicy Retain: the instance of a deleted set stays (a leftover of a live set is still swept)
+    if (inst.retain && !ctx.caches.sets.get(inst.namespace, inst.set ?? "")) continue;
+    if (inst.ownerMismatch) {
+      ctx.log.warn("not sweeping an instance whose files disagree about their owner", {
+        host: target.host,
+        instance: inst.name,
+      });
+      continue;
+    }
+    ctx.log.info("removing orphaned instance", { host: target.host, instance: inst.name, uid: inst.uid });
+    await ctx.hosts.remove(target, inst.name);
+    removed++;
+  }
+  return removed;
+}
+
+/** Drops the apply memory of Exporters that went without our finalizer running (deleted behind our back). */
+function forgetGone(ctx: Context): void {
+  const known = new Set(ctx.caches.exporters.list().map((e) => e.metadata.uid));
+  for (const uid of ctx.applied.keys()) if (!known.has(uid)) ctx.applied.delete(uid);
+}

@@ -1,0 +1,95 @@
+/**
+ * Where a set runs and where an Exporter was deployed: the one place that turns a class, a set and their Secrets
+ * into an SSH target, and that writes and reads the `ssh-target` annotation. Used by reconcile, teardown, the orphan
+ * sweep and `doctor`. Pure.
+ */
+import type { Exporter, ExporterSet, Secret, VirtualTargetClass } from "../api/types.ts";
+import type { InstanceParams } from "../host/instance_params.ts";
+import { type FieldError, resolveParams } from "./params.ts";
+import { type LabTarget, PINNED_HOST_KEYS_SECRET, sshTarget } from "./credentials.ts";
+import type { Caches } from "./context.ts";
+import type { Problem } from "./status.ts";
+
+/** Where an instance was deployed (user@host:port), so teardown finds it even after the set's host changed. */
+export const TARGET_ANNOTATION = "qemu-ssh.jumpstarter.dev/ssh-target";
+
+/** The form of TARGET_ANNOTATION: user@host:port. */
+const TARGET_RE = /^(.+)@(.+):(\d+)$/;
+
+export const targetString = (t: Pick<LabTarget, "user" | "host" | "port">) => `${t.user}@${t.host}:${t.port}`;
+
+/** The target an annotation names, with the credentials of `like`; `like` itself if the annotation is malformed. */
+export function parseTarget(s: string, like: LabTarget): LabTarget {
+  const m = TARGET_RE.exec(s);
+  return m ? { ...like, user: m[1], host: m[2], port: Number(m[3]) } : like;
+}
+
+/** A Secret of the class's namespace by name. */
+export type SecretLookup = (name: string) => Secret | undefined;
+
+export type SetTarget =
+  | { ok: false; stage: "parameters"; errors: FieldError[] }
+  | { ok: false; stage: "credentials"; params: InstanceParams; warnings: string[]; problem: Problem }
+  | { ok: true; params: InstanceParams; warnings: string[]; target: LabTarget; tofu: boolean };
+
+/** The parameters and SSH target of a set of the class, or the stage that keeps it from having them and why. */
+export function setTarget(cls: VirtualTargetClass, set: ExporterSet, secret: SecretLookup): SetTarget {
+  const resolved = resolveParams(cls, set);
+  if (!resolved.ok) return { ok: false, stage: "parameters", errors: resolved.errors };
+  const { params, warnings } = resolved;
+  const cred = credentials(cls, params, secret);
+  if (!cred.ok) return { ok: false, stage: "credentials", params, warnings, problem: cred.problem };
+  return { ok: true, params, warnings, target: cred.target, tofu: cred.tofu };
+}
+
+const cachedSecrets = (caches: Pick<Caches, "secrets">, ns: string | undefined): SecretLookup => (name) =>
+  caches.secrets.get(ns, name);
+
+/** The class's credentials (and the host keys pinned in its namespace) for a host. */
+const credentials = (cls: VirtualTargetClass, params: InstanceParams, secret: SecretLookup) =>
+  sshTarget(cls, params, secret(cls.spec.credentialsSecretRef?.name ?? ""), secret(PINNED_HOST_KEYS_SECRET));
+
+/** setTarget on the cached Secrets. */
+export const cachedSetTarget = (caches: Pick<Caches, "secrets">, cls: VirtualTargetClass, set: ExporterSet) =>
+  setTarget(cls, set, cachedSecrets(caches, set.metadata.namespace));
+
+/**
+ * The SSH target an Exporter was deployed to (its target annotation), with the credentials of a class of ours in its
+ * namespace that can reach it; undefined if it was never deployed or no class has usable credentials.
+ */
+export function deployedTarget(
+  caches: Pick<Caches, "classes" | "secrets">,
+  provisioner: string,
+  e: Exporter,
+): LabTarget | undefined {
+  const ns = e.metadata.namespace!;
+  const m = TARGET_RE.exec(e.metadata.annotations?.[TARGET_ANNOTATION] ?? "");
+  if (!m) return undefined;
+  const params = { host: { name: m[2], user: m[1], port: Number(m[3]) } } as InstanceParams;
+  const secret = cachedSecrets(caches, ns);
+  for (const cls of caches.classes.list(ns)) {
+    if (cls.spec.provisioner !== provisioner) continue;
+    const cred = credentials(cls, params, secret);
+    if (cred.ok) return cred.target;
+  }
+  return undefined;
+}
+
+/**
+ * Every distinct lab host that some ExporterSet of ours points at, or some Exporter was deployed to (a set that
+ * moved or went may have left instances behind), with working credentials.
+ */
+export function hostTargets(caches: Caches, provisioner: string): LabTarget[] {
+  const out = new Map<string, LabTarget>();
+  for (const e of caches.exporters.list()) {
+    const target = deployedTarget(caches, provisioner, e);
+    if (target) out.set(targetString(target), target);
+  }
+  for (const set of caches.sets.list()) {
+    const cls = caches.classes.get(set.metadata.namespace, set.spec.virtualTargetClassName);
+    if (!cls || cls.spec.provisioner !== provisioner) continue;
+    const resolved = cachedSetTarget(caches, cls, set);
+    if (resolved.ok) out.set(targetString(resolved.target), resolved.target);
+  }
+  return [...out.values()];
+}
