@@ -30,7 +30,9 @@ run flags:
   --metrics-bind-address ADDR         a separate /metrics listener (default 0: metrics are on the health port)
   --log-level debug|info|warn|error   (default info)
   --log-format text|json              (default text)
-  --resync SECONDS                    re-apply every instance at least this often (default 300)
+  --resync SECONDS                    re-apply every instance at least this often (default 300); problems are
+                                      retried after 30 s (10 s while a host is unreachable), or this if shorter
+  --sweep-interval SECONDS            look for orphaned instances on the lab hosts this often (default 300)
   --host-alias NAME=ADDRESS           connect to ADDRESS for lab host NAME (like a Pod's hostAliases; host keys
                                       are still checked under NAME); repeatable
 `;
@@ -82,6 +84,7 @@ export function parseRunFlags(args: string[]) {
       "log-level": { type: "string", default: "info" },
       "log-format": { type: "string", default: "text" },
       resync: { type: "string", default: "300" },
+      "sweep-interval": { type: "string", default: "300" },
       "host-alias": { type: "string", multiple: true, default: [] },
     },
   });
@@ -92,8 +95,8 @@ export function parseRunFlags(args: string[]) {
   }
   const format = values["log-format"];
   if (format !== "text" && format !== "json") throw new UsageError(`--log-format must be text or json`);
-  const resync = Number(values.resync);
-  if (!Number.isFinite(resync) || resync < 1) throw new UsageError(`--resync must be a number of seconds >= 1`);
+  const resync = seconds(values.resync, "--resync");
+  const sweep = seconds(values["sweep-interval"], "--sweep-interval");
   let hostAliases: Record<string, string>;
   try {
     hostAliases = parseHostAliases(values["host-alias"]);
@@ -111,7 +114,14 @@ export function parseRunFlags(args: string[]) {
     logLevel: level as "debug" | "info" | "warn" | "error",
     logFormat: format as "text" | "json",
     resyncMs: resync * 1000,
+    sweepMs: sweep * 1000,
   };
+}
+
+function seconds(value: string, flag: string): number {
+  const n = Number(value);
+  if (!Number.isFinite(n) || n < 1) throw new UsageError(`${flag} must be a number of seconds >= 1`);
+  return n;
 }
 
 if (import.meta.main) {

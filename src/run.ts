@@ -1,6 +1,6 @@
 /** `run`: the controller process: clients, leader election, health, signals, graceful shutdown. */
 import { KubeClient, KubeError, type Resource } from "./kube/client.ts";
-import { acquireLeadership, type Leadership } from "./kube/leader.ts";
+import { acquireLeadership, fencedApi, type Leadership } from "./kube/leader.ts";
 import { createLogger, type Level } from "./observe/log.ts";
 import { Metrics } from "./observe/metrics.ts";
 import { type HealthServer, parseBindAddress, serveHealth } from "./observe/health.ts";
@@ -20,6 +20,7 @@ export interface RunOptions {
   logLevel: Level;
   logFormat: "text" | "json";
   resyncMs: number;
+  sweepMs: number;
   hostAliases: Record<string, string>;
 }
 
@@ -35,6 +36,9 @@ export async function runController(o: RunOptions): Promise<number> {
     });
   }
 
+  // Fencing: from the moment leadership is lost, no host command starts or goes on, and no reconcile writes to the API.
+  const fence = new AbortController();
+  const fencedClient = fencedApi(client, fence.signal);
   // A 5 s keepalive notices a dead host within ~15 s; the pool's 15 s default would hold a worker for a minute.
   const pool = new SshPool({
     keepaliveIntervalMs: 5_000,
@@ -47,7 +51,7 @@ export async function runController(o: RunOptions): Promise<number> {
           "it strictly",
         { host: `${t.host}:${t.port}`, fingerprint: fp, secret: `${target.namespace}/qemu-ssh-known-hosts` },
       );
-      await pinHostKey(client, target, line);
+      await pinHostKey(fencedClient, target, line);
     },
   });
   metrics.gauge("rest_client_requests_total", "Requests this process sent to the API server.", () => [
@@ -55,12 +59,14 @@ export async function runController(o: RunOptions): Promise<number> {
   ], "counter");
   const controller = new Controller({
     client,
-    hosts: new LabHosts(pool, { hostAliases: o.hostAliases, metrics }),
+    hosts: new LabHosts(pool, { hostAliases: o.hostAliases, metrics, fence: fence.signal }),
     log,
     provisioner: o.provisioner,
     namespace: o.namespace,
     resyncMs: o.resyncMs,
+    sweepMs: o.sweepMs,
     metrics,
+    fence: fence.signal,
   });
   // exactly what the controller's informers will watch, read once before anything starts
   const watched = Object.values(controller.caches).map((informer) => informer.resource);
@@ -86,9 +92,11 @@ export async function runController(o: RunOptions): Promise<number> {
     if (!leadership) return await close(0);
     leading = true;
   }
+  const lost = leadership?.lost ?? new AbortController().signal;
+  // the fence falls with the Lease, before in-flight reconciles are even asked to stop
+  lost.addEventListener("abort", () => fence.abort(lost.reason), { once: true });
 
   await controller.start();
-  const lost = leadership?.lost ?? new AbortController().signal;
   await new Promise((r) => {
     shutdown.signal.addEventListener("abort", r);
     lost.addEventListener("abort", r);

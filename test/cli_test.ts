@@ -4,6 +4,7 @@
  */
 import assert from "node:assert/strict";
 import { testEnv } from "./env.ts";
+import { parseRunFlags } from "../main.ts";
 
 const MAIN = new URL("../main.ts", import.meta.url).pathname;
 
@@ -34,6 +35,14 @@ Deno.test("cli: usage errors exit 2 with the usage; --help and version exit 0", 
   const v = await cli("version");
   assert.equal(v.code, 0);
   assert.match(v.stdout, /^\d+\.\d+\.\d+\n$/);
+});
+
+Deno.test("cli: --resync and --sweep-interval set how often sets and hosts are looked at", () => {
+  const defaults = parseRunFlags([]);
+  assert.deepEqual([defaults.resyncMs, defaults.sweepMs], [300_000, 300_000]);
+  const set = parseRunFlags(["--resync", "20", "--sweep-interval", "60"]);
+  assert.deepEqual([set.resyncMs, set.sweepMs], [20_000, 60_000]);
+  assert.throws(() => parseRunFlags(["--sweep-interval", "0"]), /--sweep-interval must be a number of seconds >= 1/);
 });
 
 Deno.test("cli: crds prints the bundled CRDs, identical to crds/", async () => {

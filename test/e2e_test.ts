@@ -8,7 +8,7 @@ import { Buffer } from "node:buffer";
 import { hostExec } from "./labhost/labhost.ts";
 import { EXPORTER_SETS, EXPORTERS, SECRETS } from "../src/kube/resources.ts";
 import type { Secret } from "../src/api/types.ts";
-import { FINALIZER, HOST_ANNOTATION } from "../src/provision/marks.ts";
+import { FINALIZER, HOST_ANNOTATION, SET_LABEL } from "../src/provision/marks.ts";
 import { waitFor } from "./env.ts";
 import {
   applySeed,
@@ -55,7 +55,7 @@ Deno.test({
       }, { what: "ExporterSet Available with 1 ready exporter", timeoutMs: 90_000 });
       console.log(`  seed set Available after ${((performance.now() - t0) / 1000).toFixed(1)}s`);
       assert.equal(set.status?.replicas, 1);
-      assert.equal(set.status?.selector, "arch=aarch64,board=aarch64-qemu,virtual=true");
+      assert.equal(set.status?.selector, `arch=aarch64,board=aarch64-qemu,${SET_LABEL}=${SET},virtual=true`);
       assert.equal(cond(set, "Degraded")?.status, "False");
 
       const [e] = await exporters(w);
@@ -163,7 +163,7 @@ Deno.test({
         path,
       );
       assert.equal(scale.spec.replicas, 4);
-      assert.equal(scale.status.selector, "arch=aarch64,board=aarch64-qemu,virtual=true");
+      assert.equal(scale.status.selector, `arch=aarch64,board=aarch64-qemu,${SET_LABEL}=${SET},virtual=true`);
       await w.client.request("PATCH", path, {
         body: { spec: { replicas: 1 } },
         contentType: "application/merge-patch+json",

@@ -155,6 +155,10 @@ export const exporterSetStatusSchema = object({
   availableReplicas: count(),
   unavailableReplicas: count(),
   leasedReplicas: count(),
+  updatedReplicas: optional(integer({
+    minimum: 0,
+    description: "Exporters running the current template; a leased one waits for its lease to end to be restarted.",
+  })),
   exportersActive: count(),
   exportersIdle: count(),
   exportersDisabled: count(),

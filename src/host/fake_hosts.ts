@@ -2,7 +2,7 @@
  * An in-memory stand-in for LabHosts, for unit tests of reconciling: hosts keep instances as the apply script would
  * leave them (files, and whether each unit runs), can be taken down, and can have an exporter exit by itself.
  */
-import type { ApplyOutcome, HostOps } from "./lab.ts";
+import { type ApplyOutcome, type HostApplyOptions, type HostOps, HostScriptError } from "./lab.ts";
 import { OWNER_PREFIX, type RenderedInstance } from "./render.ts";
 import type { HostInspection, InspectedInstance } from "./remote.ts";
 import { SshError, type SshTarget } from "./ssh.ts";
@@ -13,6 +13,8 @@ export interface FakeInstance {
   exporter: "active" | "exited";
   /** How often the exporter was started (first start included). */
   starts: number;
+  /** A restart deferred under a lease, done by the next apply without deferRestart. */
+  pending?: boolean;
 }
 
 export class FakeHosts implements HostOps {
@@ -22,6 +24,10 @@ export class FakeHosts implements HostOps {
   readonly down = new Set<string>();
   /** Every call, in order: "apply host name", "remove host name", "inspect host". */
   readonly calls: string[] = [];
+  /** By host, the only private key it accepts; a host not listed accepts any. */
+  readonly keys = new Map<string, string>();
+  /** By host, what inspect finds besides the instances: leftovers that have no files of ours, e.g. a bare volume. */
+  readonly strays = new Map<string, InspectedInstance[]>();
 
   instance(host: string, name: string): FakeInstance | undefined {
     return this.hosts.get(host)?.get(name);
@@ -35,18 +41,22 @@ export class FakeHosts implements HostOps {
   apply(
     target: SshTarget,
     r: RenderedInstance,
-    opts: { kvmRequired: boolean; keepExited: boolean },
+    opts: HostApplyOptions,
   ): Promise<ApplyOutcome> {
     this.reach(target, `apply ${target.host} ${r.name}`);
     const host = this.on(target.host);
     const before = host.get(r.name);
+    this.checkOwner(target, before, r.uid);
     const old = new Map(before?.rendered.files.map((f) => [f.path, f.content]));
     const changed = r.files.filter((f) => old.get(f.path) !== f.content).map((f) => f.path);
     const inst: FakeInstance = before ?? { host: target.host, rendered: r, exporter: "exited", starts: 0 };
     inst.rendered = r;
     host.set(r.name, inst);
-    // as the apply script: a changed quadlet restarts the exporter; an exporter found down starts unless held
-    const restart = changed.some((p) => p.endsWith(".container")) && inst.exporter === "active";
+    // as the apply script: a changed quadlet restarts the exporter, unless deferred; an exporter found down starts
+    // unless held
+    const outdated = (inst.pending || changed.some((p) => p.endsWith(".container"))) && inst.exporter === "active";
+    inst.pending = outdated && opts.deferRestart === true;
+    const restart = outdated && !opts.deferRestart;
     const start = inst.exporter === "exited" && !opts.keepExited;
     if (start || restart) {
       inst.exporter = "active";
@@ -57,6 +67,7 @@ export class FakeHosts implements HostOps {
       changed,
       ready,
       exited: !ready,
+      restartPending: inst.pending,
       startedExporter: start || restart,
       exporterRestarts: 0,
       journal: ready ? [] : ["exporter exited"],
@@ -64,15 +75,16 @@ export class FakeHosts implements HostOps {
     });
   }
 
-  remove(target: SshTarget, name: string): Promise<void> {
+  remove(target: SshTarget, name: string, uid?: string): Promise<void> {
     this.reach(target, `remove ${target.host} ${name}`);
+    this.checkOwner(target, this.instance(target.host, name), uid);
     this.hosts.get(target.host)?.delete(name);
     return Promise.resolve();
   }
 
   inspect(target: SshTarget): Promise<HostInspection> {
     this.reach(target, `inspect ${target.host}`);
-    const instances = [...this.on(target.host).values()].map(inspected);
+    const instances = [...[...this.on(target.host).values()].map(inspected), ...this.strays.get(target.host) ?? []];
     return Promise.resolve({ ok: true, kvm: true, diskFreeKiB: {}, instances, errors: [] });
   }
 
@@ -85,6 +97,21 @@ export class FakeHosts implements HostOps {
   private reach(target: SshTarget, call: string): void {
     this.calls.push(call);
     if (this.down.has(target.host)) throw new SshError("connect", target, `connect ECONNREFUSED ${target.host}`);
+    const key = this.keys.get(target.host);
+    if (key !== undefined && key !== target.privateKey) {
+      throw new SshError("auth", target, `${target.user}@${target.host}: all configured authentication methods failed`);
+    }
+  }
+
+  /** As the scripts' ownership step: files that name another exporter's uid are refused. */
+  private checkOwner(target: SshTarget, inst: FakeInstance | undefined, uid: string | undefined): void {
+    if (inst && uid && inst.rendered.uid !== uid) {
+      throw new HostScriptError(
+        target.host,
+        "owner-conflict",
+        `${inst.rendered.name} belongs to exporter uid=${inst.rendered.uid}, not uid=${uid}`,
+      );
+    }
   }
 }
 

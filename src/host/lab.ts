@@ -4,6 +4,7 @@
  */
 import type { RenderedInstance } from "./render.ts";
 import {
+  type ApplyOptions,
   applyScript,
   type HostInspection,
   inspectScript,
@@ -23,6 +24,8 @@ export interface ApplyOutcome {
   ready: boolean;
   /** The exporter ended by itself (clean exit) and was left stopped (keepExited). */
   exited: boolean;
+  /** Running units were left on an older definition (deferRestart): the instance is outdated until applied again. */
+  restartPending: boolean;
   /** This apply started an exporter that was down. */
   startedExporter: boolean;
   /** systemd's restarts of the exporter after crashes, since it was last started by hand or by us. */
@@ -34,13 +37,18 @@ export interface ApplyOutcome {
   errorCode?: string;
 }
 
+export type HostApplyOptions =
+  & Required<Pick<ApplyOptions, "kvmRequired" | "keepExited">>
+  & Pick<ApplyOptions, "deferRestart">;
+
 export interface HostOps {
   apply(
     target: SshTarget,
     r: RenderedInstance,
-    opts: { kvmRequired: boolean; keepExited: boolean },
+    opts: HostApplyOptions,
   ): Promise<ApplyOutcome>;
-  remove(target: SshTarget, name: string): Promise<void>;
+  /** With a uid, files that name another exporter are refused (owner-conflict), not removed. */
+  remove(target: SshTarget, name: string, uid?: string): Promise<void>;
   inspect(target: SshTarget): Promise<HostInspection>;
 }
 
@@ -55,6 +63,11 @@ export interface LabHostsOptions {
   /** Lab host name -> address to connect to; host keys are still checked under the name. */
   hostAliases?: Record<string, string>;
   metrics?: Metrics;
+  /**
+   * Once aborted (this replica lost leadership), no command starts and running ones are killed: another replica may
+   * be about to lead and work on the same hosts.
+   */
+  fence?: AbortSignal;
 }
 
 /** Parses repeated `NAME=ADDRESS` flags (`--host-alias`) into a map; throws naming the bad one. */
@@ -77,6 +90,7 @@ export class LabHosts implements HostOps {
     try {
       return await this.pool.exec(address ? { ...target, address } : target, shellCommand(target.user), {
         stdin: script,
+        signal: this.opts.fence,
       });
     } finally {
       this.opts.metrics?.sshCommandSeconds.observe({ host: target.host }, (performance.now() - started) / 1000);
@@ -86,9 +100,9 @@ export class LabHosts implements HostOps {
   async apply(
     target: SshTarget,
     r: RenderedInstance,
-    opts: { kvmRequired: boolean; keepExited: boolean },
+    opts: HostApplyOptions,
   ): Promise<ApplyOutcome> {
-    const res = await this.run(target, applyScript(r, { kvmRequired: opts.kvmRequired, keepExited: opts.keepExited }));
+    const res = await this.run(target, applyScript(r, opts));
     const report = parseApplyOutput(res.stdout, res.stderr, res.code);
     const rt = report.states[r.units.runtime];
     const ex = report.states[r.units.exporter];
@@ -96,6 +110,7 @@ export class LabHosts implements HostOps {
       changed: report.changed,
       ready: rt?.active === "active" && ex?.active === "active",
       exited: report.exited.includes(r.units.exporter),
+      restartPending: report.pending.length > 0,
       startedExporter: report.started.includes(r.units.exporter) || report.restarted.includes(r.units.exporter),
       exporterRestarts: ex?.restarts ?? 0,
       journal: report.journal,
@@ -104,8 +119,8 @@ export class LabHosts implements HostOps {
     };
   }
 
-  async remove(target: SshTarget, name: string): Promise<void> {
-    const res = await this.run(target, removeScript(name));
+  async remove(target: SshTarget, name: string, uid?: string): Promise<void> {
+    const res = await this.run(target, removeScript(name, { uid }));
     failUnlessOk(target, parseRemoveOutput(res.stdout, res.stderr, res.code));
   }
 

@@ -9,6 +9,7 @@
  *   qsp reloaded                           systemctl daemon-reload ran
  *   qsp restarted UNIT | qsp hup UNIT | qsp started UNIT
  *   qsp exited UNIT                        the exporter ended by itself (lease over) and was left stopped
+ *   qsp restart-pending UNIT               UNIT runs an older definition than its quadlet (deferRestart)
  *   qsp state UNIT ACTIVE SUB RESTARTS     systemd ActiveState, SubState, NRestarts after the apply settled
  *   qsp journal LINE                       the exporter's last journal lines, when it is down, restarted or started
  *   qsp removed WHAT NAME | qsp removed nothing | qsp stopped UNIT
@@ -127,6 +128,12 @@ export interface ApplyOptions {
    * report it as exited, so the controller can replace the instance (ExitAndReplace). Default false.
    */
   keepExited?: boolean;
+  /**
+   * Write files and reload, but leave running units that a change would restart as they are (the instance is leased):
+   * the restart is remembered on the host and done by the first apply without this option. Reloads (SIGHUP) still
+   * happen. Default false.
+   */
+  deferRestart?: boolean;
   /** How long to wait for the units to leave "activating" before reporting their state; default 20. */
   settleSeconds?: number;
 }
@@ -165,6 +172,8 @@ RT=${q(r.units.runtime)}
 EX=${q(r.units.exporter)}
 RTQ=${q(rtQuadlet)}
 EXQ=${q(exQuadlet)}
+# units left running an older definition by a deferred restart; in /run, as a reboot starts them anew anyway
+PENDING=${q(pendingPath(r.uid))}
 # PATH MODE OWNER SHA256 BASE64: atomic replace (temp file in the same directory, synced, renamed) unless already equal
 put() {
   changed=0
@@ -200,6 +209,11 @@ running() {
   unit "$1"
   case "$active" in active | activating | reloading) return 0 ;; esac
   return 1
+}
+# UNIT BEFORE: the unit runs, and not the definition generated from its quadlet now
+outdated() {
+  running "$1" || return 1
+  [ "$(generated "$1")" != "$2" ] || grep -qxF "$1" "$PENDING" 2>/dev/null
 }
 
 step=preflight
@@ -292,15 +306,25 @@ if [ ${
   ex_exited=1
   say exited "$EX"
 fi
-# A running unit restarts only if the service generated from its quadlet changed: a quadlet rewritten with the
-# same content (a hand-deleted file put back) leaves QEMU alone. The exporter lives in the runtime's network
-# namespace, which a runtime restart replaces, so it goes along.
+# A running unit restarts only if the service generated from its quadlet changed (now, or in an apply that deferred
+# the restart): a quadlet rewritten with the same content (a hand-deleted file put back) leaves QEMU alone. The
+# exporter lives in the runtime's network namespace, which a runtime restart replaces, so it goes along.
 restart=
-if running "$RT" && [ "$(generated "$RT")" != "$rt_before" ]; then
+if outdated "$RT" "$rt_before"; then
   restart=$RT
   if [ "$ex_exited" = 0 ]; then restart="$RT $EX"; fi
 fi
-if [ -z "$restart" ] && running "$EX" && [ "$(generated "$EX")" != "$ex_before" ]; then restart=$EX; fi
+if [ -z "$restart" ] && outdated "$EX" "$ex_before"; then restart=$EX; fi
+if [ -n "$restart" ] && [ ${opts.deferRestart ? 1 : 0} = 1 ]; then
+  mkdir -p "\${PENDING%/*}"
+  # shellcheck disable=SC2086
+  printf '%s\\n' $restart >"$PENDING"
+  for u in $restart; do say restart-pending "$u"; done
+  restart=
+else
+  # restarted now, or not running (a start runs the new definition)
+  rm -f "$PENDING"
+fi
 if [ -n "$restart" ]; then
   # one transaction, so the exporter (BindsTo the runtime) restarts once, after the runtime
   # shellcheck disable=SC2086
@@ -371,6 +395,9 @@ say "done"
 `;
 }
 
+/** Where the apply script remembers the units of an instance whose restart it deferred. */
+export const pendingPath = (uid: string) => `/run/${PROVISIONER}/${uid}.restart-pending`;
+
 export interface RemoveOptions {
   /** Only remove files whose ownership line names this uid (refuse with owner-conflict otherwise). */
   uid?: string;
@@ -437,9 +464,15 @@ if [ -d ${q(mountDir)} ]; then
   rmdir ${q(mountDir)}
   gone dir ${q(mountDir)}
 fi
+${opts.uid ? `rm -f ${q(pendingPath(opts.uid))}` : "# no uid: no restart-pending marker to name"}
 
 step=volume
-if podman volume exists ${q(volumeName(name))}; then
+# by name alone it may be anyone's: only under our uid label (the uid asked for, or any of ours without one); empty
+# when there is no such volume
+v_uid=$(podman volume inspect --format '{{index .Labels "${PROVISIONER}/uid"}}' ${
+    q(volumeName(name))
+  } 2>/dev/null || true)
+if [ -n "$v_uid" ] && { [ -z ${q(opts.uid ?? "")} ] || [ "$v_uid" = ${q(opts.uid ?? "")} ]; }; then
   podman volume rm -f ${q(volumeName(name))} >/dev/null
   gone volume ${q(volumeName(name))}
 fi
@@ -556,6 +589,8 @@ export interface ApplyReport {
   started: string[];
   /** Exporters left stopped after they ended by themselves (keepExited). */
   exited: string[];
+  /** Units left running an older definition (deferRestart). */
+  pending: string[];
   states: Record<string, UnitState>;
   /** The exporter's last journal lines (reported only when it is down or has restarted), tokens redacted. */
   journal: string[];
@@ -644,6 +679,7 @@ export function parseApplyOutput(stdout: string, stderr: string, exitCode: numbe
     hupped: [],
     started: [],
     exited: [],
+    pending: [],
     states: {},
     journal: [],
     errors,
@@ -656,6 +692,7 @@ export function parseApplyOutput(stdout: string, stderr: string, exitCode: numbe
     else if (kind === "hup") report.hupped.push(a);
     else if (kind === "started") report.started.push(a);
     else if (kind === "exited") report.exited.push(a);
+    else if (kind === "restart-pending") report.pending.push(a);
     else if (kind === "state") report.states[a] = { active: rest[0], sub: rest[1], restarts: Number(rest[2]) || 0 };
     else if (kind === "journal" && a) report.journal.push(redactTokens([a, ...rest].join(" ")));
   }

@@ -72,9 +72,9 @@ async function runScript(host: LabHost, script: string, command = shellCommand(h
 async function apply(
   host: LabHost,
   r: RenderedInstance,
-  opts: { command?: string; keepExited?: boolean; settleSeconds?: number } = {},
+  opts: { command?: string; keepExited?: boolean; settleSeconds?: number; deferRestart?: boolean } = {},
 ): Promise<ApplyReport> {
-  const script = applyScript(r, { kvmRequired: true, keepExited: opts.keepExited, settleSeconds: opts.settleSeconds });
+  const script = applyScript(r, { kvmRequired: true, ...opts });
   const out = await runScript(host, script, opts.command);
   return parseApplyOutput(out.stdout, out.stderr, out.code);
 }
@@ -271,6 +271,38 @@ Deno.test({
         "the link is one inode with the mounted file again",
       );
     });
+
+    await t.step(
+      "deferRestart: a leased instance keeps running its old definition until an apply without it",
+      async () => {
+        const both = "pool-a1-runtime pool-a1-exporter";
+        const before = await started(host, both);
+        const neverPull = {
+          ...params,
+          images: { ...params.images, runtime: { ...params.images.runtime, pullPolicy: "Never" as const } },
+        };
+        const units = ["pool-a1-runtime.service", "pool-a1-exporter.service"];
+        const deferred = await apply(host, renderInstance({ ...a, params: neverPull }), { deferRestart: true });
+        assertApplied(deferred);
+        assert.deepEqual([deferred.changed, deferred.restarted, deferred.pending], [
+          ["/etc/containers/systemd/pool-a1-runtime.container"],
+          [],
+          units,
+        ]);
+        // systemd has the new definition loaded now: only the host's own record says the restart is still owed
+        const rotated = { ...a, params: neverPull, token: "eyJ.token-three-pool-a1" };
+        const again = await apply(host, renderInstance(rotated), { deferRestart: true });
+        assert.deepEqual([again.restarted, again.hupped, again.pending], [[], ["pool-a1-exporter.service"], units]);
+        assert.equal(await started(host, both), before, "nothing restarted under the lease");
+        const after = await apply(host, renderInstance(rotated));
+        assertApplied(after);
+        assert.deepEqual([after.changed, after.restarted, after.pending], [[], units, []]);
+        assert.notEqual(await started(host, both), before);
+        const settled = await apply(host, renderInstance(rotated));
+        assert.deepEqual([settled.restarted, settled.pending], [[], []], "restarted once, not on every apply");
+        Object.assign(a, rotated);
+      },
+    );
 
     await t.step("a runtime quadlet change restarts both units, an exporter change only the exporter", async () => {
       const healthy = count(await journal(host, "pool-b1-exporter"), HEALTHY);

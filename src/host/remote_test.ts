@@ -90,6 +90,10 @@ Deno.test("removeScript and inspectScript are valid sh; remove checks the owner 
   await assertParses(inspectScript());
   assert.match(r, /^check_owner '\/etc\/containers\/systemd\/pool-x7k2p-runtime\.container' '0b7e6c1a'$/m);
   assert.match(r, /podman volume rm -f 'jumpstarter-pool-x7k2p-shared'/);
+  // a volume is removed only under our uid label: the uid asked for, or any uid of ours
+  assert.match(r, /^v_uid=.*\{\{index \.Labels "qemu-ssh\.jumpstarter\.dev\/uid"\}\}/m);
+  assert.match(r, /^if \[ -n "\$v_uid" \] && \{ \[ -z '0b7e6c1a' \] \|\| \[ "\$v_uid" = '0b7e6c1a' \]; \}; then$/m);
+  assert.match(removeScript("pool-x7k2p"), /^if \[ -n "\$v_uid" \] && \{ \[ -z '' \] \|\|/m);
   assert.match(r, /'\/etc\/jumpstarter\/exporters\/\.pool-x7k2p\.yaml\.qsp-tmp\.'\*/, "temp files are swept");
   assert.match(removeScript("pool-x7k2p"), /^check_owner '\/etc\/jumpstarter\/exporters\/pool-x7k2p\.yaml' ''$/m);
 });
@@ -124,6 +128,7 @@ qsp done
     hupped: [],
     started: ["p-runtime.service", "p-exporter.service"],
     exited: [],
+    pending: [],
     states: {
       "p-runtime.service": { active: "active", sub: "running", restarts: 0 },
       "p-exporter.service": { active: "activating", sub: "auto-restart", restarts: 3 },
@@ -143,6 +148,12 @@ Deno.test("parseApplyOutput: token rotation, refusals, failed steps and dropped 
     0,
   );
   assert.deepEqual([exited.ok, exited.exited, exited.started], [true, ["p-exporter.service"], []]);
+  const deferred = parseApplyOutput(
+    "qsp restart-pending p-runtime.service\nqsp restart-pending p-exporter.service\nqsp done\n",
+    "",
+    0,
+  );
+  assert.deepEqual(deferred.pending, ["p-runtime.service", "p-exporter.service"]);
 
   const hup = parseApplyOutput("qsp changed /x.yaml\nqsp hup p-exporter.service\nqsp done\n", "", 0);
   assert.deepEqual([hup.ok, hup.hupped, hup.restarted, hup.reloaded], [true, ["p-exporter.service"], [], false]);

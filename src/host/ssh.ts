@@ -175,7 +175,8 @@ export class SshPool {
   async exec(
     target: SshTarget,
     command: string,
-    opts: { stdin?: string; timeoutMs?: number } = {},
+    /** `signal`: once aborted, the command is not started, or is killed if running (a fenced ex-leader's). */
+    opts: { stdin?: string; timeoutMs?: number; signal?: AbortSignal } = {},
   ): Promise<ExecResult> {
     validateTarget(target);
     const timeoutMs = opts.timeoutMs ?? this.#opts.commandTimeoutMs;
@@ -184,15 +185,20 @@ export class SshPool {
     let refusals = 0;
     for (;;) {
       this.#throwIfClosed(target);
+      if (opts.signal?.aborted) throw abortedError(target, opts.signal);
       const conn = await this.#connection(target);
       await conn.sem.acquire();
+      if (opts.signal?.aborted) {
+        conn.sem.release();
+        throw abortedError(target, opts.signal);
+      }
       if (!conn.alive) {
         conn.sem.release();
         if (reconnects++ === 0) continue;
         throw closedError(target, "connection dropped before the command could start");
       }
       try {
-        return await this.#run(conn, target, command, opts.stdin, timeoutMs);
+        return await this.#run(conn, target, command, opts.stdin, timeoutMs, opts.signal);
       } catch (e) {
         if (e instanceof NotStarted) {
           if (reconnects++ === 0) continue;
@@ -364,7 +370,8 @@ export class SshPool {
         Promise.resolve()
           .then(() => this.#opts.onHostKeyAccepted?.(target, line, verdict.fingerprint))
           .then(() => verify(true), (e: unknown) => {
-            hostKeyFailure = new SshError(
+            // The recorder may know better than our known_hosts (a key pinned meanwhile): its refusal stands as it is.
+            hostKeyFailure = e instanceof SshError && e.kind === "hostkey" ? e : new SshError(
               "hostkey",
               target,
               `ssh ${hostPort(target)}: new host key ${verdict.fingerprint} was not trusted because recording it ` +
@@ -441,7 +448,14 @@ export class SshPool {
     if (this.#conns.get(conn.key) === conn) this.#conns.delete(conn.key);
   }
 
-  #run(conn: Conn, target: SshTarget, command: string, stdin: string | undefined, timeoutMs: number) {
+  #run(
+    conn: Conn,
+    target: SshTarget,
+    command: string,
+    stdin: string | undefined,
+    timeoutMs: number,
+    signal: AbortSignal | undefined,
+  ) {
     return new Promise<ExecResult>((resolve, reject) => {
       let settled = false;
       let channel: ClientChannel | undefined;
@@ -459,13 +473,17 @@ export class SshPool {
         if (settled) return;
         settled = true;
         clearTimeout(timer);
+        signal?.removeEventListener("abort", abandon);
         f();
       };
-      // The limit covers opening the channel too: a wedged server must not hold the caller forever.
-      const timer = setTimeout(() => {
+      const abandon = () => {
         settle(() =>
           reject(
-            new SshError("timeout", target, `ssh ${conn.label}: command timed out after ${timeoutMs}ms and was killed`),
+            signal?.aborted ? abortedError(target, signal) : new SshError(
+              "timeout",
+              target,
+              `ssh ${conn.label}: command timed out after ${timeoutMs}ms and was killed`,
+            ),
           )
         );
         if (channel) killChannel(channel);
@@ -476,7 +494,10 @@ export class SshPool {
           this.#markDead(conn);
           destroyClient(conn.client);
         }, CLOSE_GRACE_MS);
-      }, timeoutMs);
+      };
+      // The limit covers opening the channel too: a wedged server must not hold the caller forever.
+      const timer = setTimeout(abandon, timeoutMs);
+      signal?.addEventListener("abort", abandon, { once: true });
 
       const onChannel = (err: Error | undefined, ch: ClientChannel) => {
         if (err) {
@@ -538,6 +559,11 @@ export class SshPool {
       }
     });
   }
+}
+
+function abortedError(target: SshTarget, signal: AbortSignal): SshError {
+  const reason = signal.reason instanceof Error ? signal.reason.message : String(signal.reason);
+  return new SshError("closed", target, `ssh ${hostPort(target)}: command not run or killed: ${reason}`);
 }
 
 /**

@@ -390,6 +390,20 @@ Deno.test({
         await p.close();
       });
 
+      await t.step("AcceptNew: a host key refusal from the recorder is reported as it is", async () => {
+        const pinned = fingerprint(foreignEd25519Blob("pinned meanwhile"));
+        const p = newPool({
+          onHostKeyAccepted: (t, _line, fp) => {
+            throw hostKeyError(t, { status: "mismatch", fingerprint: fp, expected: [`ssh-ed25519 ${pinned}`] });
+          },
+        });
+        const e = await rejection(p.exec({ ...target, knownHosts: "", hostKeyPolicy: "AcceptNew" }, "true"));
+        assert.equal(e.kind, "hostkey");
+        assert.match(e.message, /^ssh [^:]+:\d+: HOST KEY MISMATCH/);
+        assert.ok(e.message.includes(pinned) && e.message.includes(hostFp), e.message);
+        await p.close();
+      });
+
       await t.step("20 concurrent execs share one connection with at most maxChannels channels", async () => {
         const p = newPool({ maxChannels: 6 });
         await p.exec(target, "rm -rf /tmp/qsp-conc && mkdir /tmp/qsp-conc");

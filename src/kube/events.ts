@@ -3,7 +3,7 @@
  * Repeats of the same event on the same object within a window bump `count` instead of creating new objects.
  */
 import type { KubeObject } from "../api/types.ts";
-import { isNotFound, type KubeClient } from "./client.ts";
+import { isNotFound, type KubeApi } from "./client.ts";
 import { EVENTS } from "./resources.ts";
 import type { Logger } from "../observe/log.ts";
 
@@ -26,7 +26,7 @@ export class EventRecorder implements Recorder {
   private pending: Promise<void> = Promise.resolve();
 
   constructor(
-    private readonly client: KubeClient,
+    private readonly client: KubeApi,
     private readonly component: string,
     private readonly log: Logger,
     private readonly now: () => Date = () => new Date(),

@@ -8,7 +8,7 @@
  * longer renew, and stops before a standby (waiting a full lease duration) can take over.
  */
 import type { KubeObject } from "../api/types.ts";
-import { isConflict, type KubeClient } from "./client.ts";
+import { isConflict, type KubeApi, type KubeClient } from "./client.ts";
 import { COORDINATION_LEASES } from "./resources.ts";
 import { abortableSleep } from "./backoff.ts";
 import type { Logger } from "../observe/log.ts";
@@ -34,7 +34,10 @@ export interface LeaderOptions {
 }
 
 export interface Leadership {
-  /** Aborts when leadership is lost (renewals failed past the deadline, or another holder took the Lease). */
+  /**
+   * Aborts when leadership is lost: at the renew deadline if renewals failed until then, or when another holder took
+   * the Lease. Its reason says which. Fence host commands and API writes on it.
+   */
   lost: AbortSignal;
   /** Stops renewing and hands the Lease back. */
   release(): Promise<void>;
@@ -84,31 +87,39 @@ export async function acquireLeadership(
 function hold(elector: Elector, opts: LeaderOptions, t: Timings): Leadership {
   const lost = new AbortController();
   const stop = new AbortController();
+  const ended = AbortSignal.any([stop.signal, lost.signal]);
+  // Fencing: leadership ends the moment the renew deadline passes without a renewal, not at the loop's next turn, so
+  // whatever is fenced on `lost` has stopped well before a standby, waiting a full lease duration, can take over.
+  let deadline: ReturnType<typeof setTimeout> | undefined;
+  const renewed = () => {
+    clearTimeout(deadline);
+    if (ended.aborted) return;
+    deadline = setTimeout(() => {
+      opts.log.error("leadership lost: could not renew the lease in time", { lease: opts.name });
+      lost.abort(new Error(`leadership lost: lease ${opts.namespace}/${opts.name} not renewed in time`));
+    }, elector.renewedAt + t.deadline - performance.now());
+  };
+  renewed();
   const loop = (async () => {
-    let lastRenew = elector.renewedAt;
-    while (!stop.signal.aborted) {
-      await abortableSleep(t.retry, stop.signal);
-      if (stop.signal.aborted) return;
-      // An attempt may run only until the deadline: a request hanging past it would keep us leading unknowingly.
-      const left = lastRenew + t.deadline - performance.now();
+    while (!ended.aborted) {
+      await abortableSleep(t.retry, ended);
+      if (ended.aborted) return;
       try {
-        if (left > 0 && await elector.tryAcquireOrRenew(bounded(stop.signal, left))) lastRenew = elector.renewedAt;
+        // An attempt may run only until the deadline: a request hanging past it would keep us leading unknowingly.
+        const left = elector.renewedAt + t.deadline - performance.now();
+        if (await elector.tryAcquireOrRenew(bounded(ended, left))) renewed();
         else if (elector.holder && elector.holder !== opts.identity) {
           opts.log.error("leadership lost: another holder took the lease", {
             lease: opts.name,
             holder: elector.holder,
           });
-          lost.abort();
+          clearTimeout(deadline);
+          lost.abort(new Error(`leadership lost: ${elector.holder} holds lease ${opts.namespace}/${opts.name}`));
           return;
         }
       } catch (e) {
-        if (stop.signal.aborted) return;
+        if (ended.aborted) return;
         opts.log.warn("lease renewal failed", { error: String(e) });
-      }
-      if (performance.now() - lastRenew >= t.deadline) {
-        opts.log.error("leadership lost: could not renew the lease in time", { lease: opts.name });
-        lost.abort();
-        return;
       }
     }
   })();
@@ -116,11 +127,27 @@ function hold(elector: Elector, opts: LeaderOptions, t: Timings): Leadership {
     lost: lost.signal,
     async release() {
       stop.abort();
+      clearTimeout(deadline);
       await loop;
       if (lost.signal.aborted) return;
       await elector.release(AbortSignal.timeout(t.deadline))
         .catch((e) => opts.log.warn("could not release the lease", { error: String(e) }));
     },
+  };
+}
+
+/**
+ * `api` with its writes refused once `fence` aborts (leadership lost): a replica that no longer leads must not write
+ * as a leader. Reads go on.
+ */
+export function fencedApi(api: KubeApi, fence: AbortSignal): KubeApi {
+  const guard = <T>(write: () => Promise<T>) => fence.aborted ? Promise.reject(fence.reason) : write();
+  return {
+    find: (r, namespace, name) => api.find(r, namespace, name),
+    create: (r, obj) => guard(() => api.create(r, obj)),
+    mergePatch: (r, namespace, name, patch, subresource) =>
+      guard(() => api.mergePatch(r, namespace, name, patch, subresource)),
+    delete: (r, namespace, name, uid) => guard(() => api.delete(r, namespace, name, uid)),
   };
 }
 

@@ -96,6 +96,8 @@ export interface AppliedState {
   ready: boolean;
   /** The exporter ended by itself and was left down (waiting for its lease to end, or for the back-off). */
   exited: boolean;
+  /** Running units were left on an older definition because of a lease (or to roll one at a time). */
+  pending: boolean;
   /** Why the exporter keeps going down, with its last journal lines; undefined while it is healthy. */
   failing?: string;
   /** Jumpstarter's offline report (see offlineMarker) as it stood when this apply ran. */

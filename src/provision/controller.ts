@@ -5,6 +5,7 @@
 import type { ExporterSet, KubeObject } from "../api/types.ts";
 import type { KubeClient, Resource } from "../kube/client.ts";
 import { Informer } from "../kube/informer.ts";
+import { fencedApi } from "../kube/leader.ts";
 import { WorkQueue } from "../kube/queue.ts";
 import { EventRecorder } from "../kube/events.ts";
 import type { Logger } from "../observe/log.ts";
@@ -32,6 +33,8 @@ export interface ControllerOptions {
   watchTimeoutSeconds?: number;
   idleTimeoutMs?: number;
   metrics?: Metrics;
+  /** Once aborted (leadership lost), reconciles and events may no longer write to the API (see fencedApi). */
+  fence?: AbortSignal;
 }
 
 export class Controller {
@@ -56,9 +59,10 @@ export class Controller {
     // CACHED pairs each cache with its resource, so each informer holds the kind Cached names
     this.caches = cachesFrom(informer) as unknown as Informers;
     this.metrics = opts.metrics ?? new Metrics();
-    this.recorder = new EventRecorder(client, "qemu-ssh-provisioner", log);
+    const api = opts.fence ? fencedApi(client, opts.fence) : client;
+    this.recorder = new EventRecorder(api, "qemu-ssh-provisioner", log);
     this.ctx = newContext({
-      client,
+      client: api,
       caches: this.caches,
       hosts: opts.hosts,
       recorder: this.recorder,

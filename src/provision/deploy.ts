@@ -9,16 +9,35 @@ import type { ApplyOutcome } from "../host/lab.ts";
 import type { InstanceParams } from "../host/instance_params.ts";
 import { decodeSecretValue, type LabTarget } from "./credentials.ts";
 import type { AppliedState, Context } from "./context.ts";
-import { isLeased, leaseState } from "./leases.ts";
+import { leaseHolding, leaseState } from "./leases.ts";
 import { HOST_ANNOTATION, RECLAIM_ANNOTATION } from "./marks.ts";
 import { errorText } from "./problems.ts";
-import type { Problem } from "./status.ts";
+import type { Problem, Waits } from "./status.ts";
+import { withDefaults } from "./plan.ts";
 import { parseTarget, TARGET_ANNOTATION, targetString } from "./targets.ts";
 import { annotate, replaceLeftBehind } from "./writes.ts";
 
 const DEFAULT_CA_CONFIGMAP = { name: "jumpstarter-service-ca-cert", key: "ca.crt" };
 
-/** Deploys every live Exporter that has its credentials, in parallel; failures become problems. */
+/** After a pending restart rolled, how soon the next one may: the apply already waited for the first to settle. */
+export const ROLL_NEXT_MS = 5_000;
+
+export type Outdated = { name: string } & Waits;
+
+/** What deployAll found: per Exporter uid the last known state, and what it could not do now. */
+export interface Deployed {
+  states: Map<string, AppliedState | undefined>;
+  /** Exporters waiting for their credentials. */
+  waiting: string[];
+  /** Exporters whose host could not be reached or refused the apply: their state is the last one known. */
+  unseen: string[];
+  outdated: Outdated[];
+}
+
+/**
+ * Deploys every live Exporter that has its credentials, in parallel; failures become problems. A change that needs a
+ * restart waits while the instance is leased; once its lease ends, those restarts roll one per reconcile.
+ */
 export async function deployAll(
   ctx: Context,
   set: ExporterSet,
@@ -27,14 +46,17 @@ export async function deployAll(
   params: InstanceParams,
   target: LabTarget,
   problems: Problem[],
-): Promise<{ states: Map<string, AppliedState | undefined>; waiting: string[] }> {
+): Promise<Deployed> {
   const waiting = live.filter((e) => !e.status?.credential?.name || !e.status?.endpoint).map((e) => e.metadata.name!);
+  const unseen: string[] = [];
+  const outdated: Outdated[] = [];
+  const roll = { busy: false };
   const results = await Promise.all(live.map(async (e) => {
     if (waiting.includes(e.metadata.name!)) return undefined;
     try {
-      return await deploy(ctx, set, cls, e, params, target);
+      return await deploy(ctx, set, cls, e, params, target, roll, outdated);
     } catch (err) {
-      if (err instanceof LeftBehind && !isLeased(e, ctx.caches.leases.list(e.metadata.namespace))) {
+      if (err instanceof LeftBehind) {
         await replaceLeftBehind(ctx, set, e, err.message);
         return undefined;
       }
@@ -42,11 +64,19 @@ export async function deployAll(
       problems.push(p);
       ctx.recorder.event(e, "Warning", p.reason, p.message);
       ctx.log.warn("deploy failed", { exporterSet: set.metadata.name, exporter: e.metadata.name, error: p.message });
-      return undefined;
+      unseen.push(e.metadata.name!);
+      return ctx.applied.get(e.metadata.uid!);
     }
   }));
+  const leases = ctx.caches.leases.list(set.metadata.namespace);
+  live.forEach((e, i) => {
+    const name = e.metadata.name!;
+    if (!results[i]?.pending || unseen.includes(name) || outdated.some((o) => o.name === name)) return;
+    const lease = leaseHolding(e, leases);
+    outdated.push({ name, lease, what: `its restart waits for ${lease ? `lease ${lease} to end` : "its turn"}` });
+  });
   for (const r of results) if (r?.failing) problems.push({ reason: "ExporterFailing", message: r.failing });
-  return { states: new Map(live.map((e, i) => [e.metadata.uid!, results[i]])), waiting };
+  return { states: new Map(live.map((e, i) => [e.metadata.uid!, results[i]])), waiting, unseen, outdated };
 }
 
 async function deploy(
@@ -56,14 +86,26 @@ async function deploy(
   e: Exporter,
   params: InstanceParams,
   target: LabTarget,
-): Promise<AppliedState> {
+  roll: { busy: boolean },
+  outdated: Outdated[],
+): Promise<AppliedState | undefined> {
   const ns = set.metadata.namespace!;
   const name = e.metadata.name!;
   const where = targetString(target);
   const previous = e.metadata.annotations?.[TARGET_ANNOTATION];
+  const leases = ctx.caches.leases.list(ns);
+  const holder = leaseHolding(e, leases);
+  const lease = leaseState(e, leases);
+  // A leased instance is not moved; one whose lease ended is about to be replaced (ExitAndReplace), not moved.
+  const replaced = lease === "ended" && withDefaults(set.spec).recycleStrategy === "ExitAndReplace";
+  if (previous && previous !== where && (holder || replaced)) {
+    const from = parseTarget(previous, target).host;
+    if (holder) outdated.push({ name, lease: holder, what: `stays on ${from} until lease ${holder} ends` });
+    return ctx.applied.get(e.metadata.uid!);
+  }
   if (previous && previous !== where) {
     // The set now points at another host: remove the instance from the old one before deploying anew.
-    await ctx.hosts.remove(parseTarget(previous, target), name).catch((err) => {
+    await ctx.hosts.remove(parseTarget(previous, target), name, e.metadata.uid).catch((err) => {
       throw new LeftBehind(previous, err);
     });
     ctx.applied.delete(e.metadata.uid!);
@@ -87,15 +129,22 @@ async function deploy(
   const last = ctx.applied.get(e.metadata.uid!);
   const now = ctx.now().getTime();
   const offline = offlineMarker(e);
-  if (last && stillApplied(last, hash, offline, now - last.at < ctx.resyncMs)) return last;
+  // a restart deferred under a lease that is over now is due, whatever else still matches
+  const due = last?.pending === true && !holder;
+  if (last && !due && stillApplied(last, hash, offline, now - last.at < ctx.resyncMs)) return last;
 
-  const lease = leaseState(e, ctx.caches.leases.list(ns));
   const failures = ctx.exporterFailures.get(e.metadata.uid!);
   // An exporter that exited while a lease names it is left down: Jumpstarter is about to end that lease, and the plan
   // then replaces the instance. With no lease it should not have exited: it is started again, with back-off.
   const holdExited = instance.exitOnLeaseEnd && (lease !== "none" || (failures !== undefined && now < failures.nextAt));
   const started = performance.now();
-  const report = await ctx.hosts.apply(target, rendered, { kvmRequired: params.runtime.kvm, keepExited: holdExited });
+  const deferRestart = holder !== undefined || (due && roll.busy);
+  if (due && !deferRestart) roll.busy = true;
+  const report = await ctx.hosts.apply(target, rendered, {
+    kvmRequired: params.runtime.kvm,
+    keepExited: holdExited,
+    deferRestart,
+  });
   ctx.metrics.deploySeconds.observe({ host: target.host }, (performance.now() - started) / 1000);
   if (report.errors.length) throw new DeployError(report.errors.join("; "), report.errorCode);
   if (report.changed.length && !last) {
@@ -114,6 +163,7 @@ async function deploy(
     host: target.host,
     ready: report.ready,
     exited: report.exited,
+    pending: report.restartPending,
     failing: trackFailures(ctx, e, report, last !== undefined, now),
     offline,
   };

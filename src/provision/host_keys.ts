@@ -1,16 +1,31 @@
-/** Trust on first use: the SSH pool reports a host key it accepted, and it is pinned in the namespace's Secret. */
+/**
+ * Trust on first use: the SSH pool reports a host key it accepted, and it is pinned in the namespace's Secret. The pool
+ * judged "first use" from a cache that may lag, so the Secret as the API server has it decides: one key per host:port.
+ */
 import { Buffer } from "node:buffer";
 import type { Secret } from "../api/types.ts";
 import { isConflict, type KubeApi } from "../kube/client.ts";
 import { SECRETS } from "../kube/resources.ts";
+import { checkHostKey } from "../host/known_hosts.ts";
+import { hostKeyError, SshError } from "../host/ssh.ts";
 import { decodeSecretValue, type LabTarget, PINNED_HOST_KEYS_KEY, PINNED_HOST_KEYS_SECRET } from "./credentials.ts";
 
-/** Records a host key seen for the first time in the namespace's pin Secret. */
+/**
+ * Records a host key seen for the first time in the namespace's pin Secret; throws a host key error naming both
+ * fingerprints when the Secret already pins another key for the host:port. `line` is the pool's known_hosts line.
+ */
 export async function pinHostKey(client: KubeApi, target: LabTarget, line: string): Promise<void> {
+  const presented = line.split(" ")[2];
   for (let attempt = 0; attempt < 5; attempt++) {
     const current = await client.find<Secret>(SECRETS, target.namespace, PINNED_HOST_KEYS_SECRET);
     const text = decodeSecretValue(current, PINNED_HOST_KEYS_KEY) ?? "";
-    if (text.split("\n").includes(line)) return;
+    const verdict = checkHostKey(text, target.host, target.port, presented);
+    if (verdict.status === "match") return;
+    if (verdict.status !== "unknown") {
+      const refusal = hostKeyError(target, verdict);
+      const where = `${target.namespace}/${PINNED_HOST_KEYS_SECRET}`;
+      throw new SshError("hostkey", target, `${refusal.message} The recorded key is pinned in Secret ${where}.`);
+    }
     const data = {
       [PINNED_HOST_KEYS_KEY]: Buffer.from(`${text}${text && !text.endsWith("\n") ? "\n" : ""}${line}\n`).toString(
         "base64",
@@ -31,7 +46,8 @@ export async function pinHostKey(client: KubeApi, target: LabTarget, line: strin
       }
       return;
     } catch (e) {
-      if (!isConflict(e)) throw e; // someone else pinned at the same time: read again
+      // someone else pinned at the same time (the write is conditional on what we read): read again
+      if (!isConflict(e)) throw e;
     }
   }
   throw new Error(

@@ -7,6 +7,13 @@ export const SET_LABEL = "qemu-ssh.jumpstarter.dev/exporter-set";
 /** Set to "Retain" when the class's reclaimPolicy is Retain: the instance outlives the deletion of its set. */
 export const RECLAIM_ANNOTATION = "qemu-ssh.jumpstarter.dev/reclaim-policy";
 
+/**
+ * Ours: created by us (our label) and torn down by us (our finalizer). Anything else, even owned by a set of ours or
+ * carrying one of the marks, is someone else's to change.
+ */
+export const isOurs = (e: Exporter) =>
+  e.metadata.labels?.[SET_LABEL] !== undefined && !!e.metadata.finalizers?.includes(FINALIZER);
+
 export function ownerSetName(e: Exporter): string | undefined {
   return e.metadata.ownerReferences?.find((o) => o.controller && o.kind === "ExporterSet")?.name;
 }

@@ -7,9 +7,10 @@ const TRANSIENT_PROBLEMS = new Set(["HostUnreachable", "TeardownFailed", "MoveBl
 const TRANSIENT_RETRY_MS = 10_000;
 const PROBLEM_RETRY_MS = 30_000;
 
+/** A set is looked at again at least every `resyncMs`, sooner with problems: `--resync` bounds every interval. */
 export function retryAfterMs(resyncMs: number, problems: Problem[]): number {
-  if (problems.some((p) => TRANSIENT_PROBLEMS.has(p.reason))) return TRANSIENT_RETRY_MS;
-  return problems.length ? PROBLEM_RETRY_MS : resyncMs;
+  if (problems.some((p) => TRANSIENT_PROBLEMS.has(p.reason))) return Math.min(resyncMs, TRANSIENT_RETRY_MS);
+  return problems.length ? Math.min(resyncMs, PROBLEM_RETRY_MS) : resyncMs;
 }
 
 /**

@@ -325,17 +325,122 @@ Deno.test("reconcile: status counts ready, idle, leased and disabled exporters",
   assert.equal(s.observedGeneration, 1);
 });
 
-Deno.test("reconcile: the Exporters of a deleted set are deleted, torn down, then let go", async () => {
+Deno.test("reconcile: a deleted set's Exporters are left to the garbage collector, then torn down", async () => {
   const w = new World();
   const [a, b] = await w.deployed();
   await w.kube.delete(EXPORTER_SETS, NS, SET);
-  const out = await w.reconcile();
-  assert.ok(w.exporters().every((e) => e.metadata.deletionTimestamp));
-  assert.equal(out.requeueAfterMs, 1_000);
+  const writes = w.kube.writes.length;
+  assert.deepEqual(await w.reconcile(), {}, "the set may only be missing from a lagging cache");
+  assert.equal(w.kube.writes.length, writes, "nothing deleted");
+  for (const e of [a, b]) await w.kube.delete(EXPORTERS, NS, e.metadata.name!); // the garbage collector
   await w.reconcile();
   assert.deepEqual(w.exporters(), []);
   for (const e of [a, b]) assert.equal(w.hosts.instance(HOST, e.metadata.name!), undefined);
   assert.deepEqual(await w.reconcile(), {}, "nothing left to look at");
+});
+
+Deno.test("reconcile: an Exporter that is not ours is never changed, whatever set it names", async () => {
+  const w = new World();
+  const foreign = (name: string, owner: string, extra: Partial<Exporter["metadata"]> = {}) =>
+    w.kube.put<Exporter>(EXPORTERS, {
+      metadata: {
+        name,
+        namespace: NS,
+        ownerReferences: [{
+          apiVersion: "v1",
+          kind: "ExporterSet",
+          name: owner,
+          uid: `uid-${owner}`,
+          controller: true,
+        }],
+        ...extra,
+      },
+    });
+  const unseen = foreign("stranger", "some-other-set");
+  // our label but another's finalizer, being deleted: its teardown is someone else's
+  const deleting = foreign("half-ours", "gone-set", {
+    labels: { [SET_LABEL]: "gone-set" },
+    finalizers: ["example.com/other"],
+    deletionTimestamp: w.clock.toISOString(),
+  });
+  // our finalizer without our label: not ours to tear down, and stuck unless someone is told
+  const stuck = foreign("unlabelled", "gone-set", {
+    finalizers: [FINALIZER],
+    deletionTimestamp: w.clock.toISOString(),
+  });
+  const writes = w.kube.writes.length;
+  for (const set of ["some-other-set", "gone-set"]) await reconcile(w.ctx, `${NS}/${set}`);
+  assert.equal(w.kube.writes.length, writes);
+  assert.deepEqual(w.exporter("stranger"), unseen);
+  assert.deepEqual(w.exporter("half-ours"), deleting);
+  assert.deepEqual(w.exporter("unlabelled"), stuck);
+  assert.deepEqual(w.events.map((e) => [e.object, e.reason]), [["unlabelled", "NotOurs"]]);
+});
+
+Deno.test("reconcile: teardown names the Exporter's uid: a same-name instance of another namespace stays", async () => {
+  const w = new World();
+  const [a] = await w.deployed();
+  const name = a.metadata.name!;
+  // the host's files under this name belong to another namespace's Exporter (our apply was refused there)
+  const inst = w.hosts.instance(HOST, name)!;
+  inst.rendered = { ...inst.rendered, namespace: "elsewhere", uid: "uid-of-elsewhere" };
+  await w.kube.delete(EXPORTERS, NS, name);
+  await w.reconcile();
+  assert.equal(w.hosts.instance(HOST, name)?.rendered.uid, "uid-of-elsewhere", "not removed");
+  assert.equal(w.exporter(name), undefined, "nothing of ours there: the finalizer is let go");
+  assert.ok(w.events.some((e) => e.reason === "OwnerConflict" && e.object === name));
+  assert.ok(!w.events.some((e) => e.reason === "TornDown" && e.message.includes(name)), "nothing was removed");
+});
+
+Deno.test("reconcile: under foreground deletion no Exporter is created; Retain keeps the instances", async () => {
+  const w = new World();
+  w.kube.put<VirtualTargetClass>(VIRTUAL_TARGET_CLASSES, {
+    ...w.ctx.caches.classes.get(NS, "qemu")!,
+    spec: { ...w.ctx.caches.classes.get(NS, "qemu")!.spec, reclaimPolicy: "Retain" },
+  });
+  const [a, b] = await w.deployed();
+  w.kube.put(EXPORTER_SETS, { ...w.set, metadata: { ...w.set.metadata, finalizers: ["foregroundDeletion"] } });
+  await w.kube.delete(EXPORTER_SETS, NS, SET);
+  await w.kube.delete(EXPORTERS, NS, a.metadata.name!); // the garbage collector, one dependent at a time
+  await w.reconcile();
+  await w.reconcile();
+  assert.deepEqual(w.exporters().map((e) => e.metadata.name), [b.metadata.name], "a went, none came");
+  assert.ok(w.hosts.instance(HOST, a.metadata.name!), "Retain: the instance stays on the host");
+  assert.ok(w.reasons().includes("Retained"));
+});
+
+Deno.test("reconcile: teardown of a deleted set's Exporter uses the key its host accepts", async () => {
+  const w = new World();
+  const [a] = await w.deployed();
+  const name = a.metadata.name!;
+  // a class listed before ours, with another key that parses and another host
+  const other = await privateKey();
+  w.kube.put<Secret>(SECRETS, { metadata: { name: "a-key", namespace: NS }, data: { "ssh-privatekey": b64(other) } });
+  w.kube.put<VirtualTargetClass>(VIRTUAL_TARGET_CLASSES, {
+    metadata: { name: "a-first", namespace: NS },
+    spec: { provisioner: PROVISIONER, credentialsSecretRef: { name: "a-key" }, parameters: { host: { name: "b" } } },
+  });
+  const ours = w.ctx.caches.classes.get(NS, "qemu")!;
+  await w.kube.delete(VIRTUAL_TARGET_CLASSES, NS, "qemu");
+  w.kube.put(VIRTUAL_TARGET_CLASSES, ours); // now listed after the other
+  w.hosts.keys.set(HOST, KEY);
+  await w.kube.delete(EXPORTER_SETS, NS, SET);
+  await w.kube.delete(EXPORTERS, NS, name);
+  await w.reconcile();
+  assert.equal(w.exporter(name), undefined);
+  assert.equal(w.hosts.instance(HOST, name), undefined);
+});
+
+Deno.test("reconcile: teardown with no key the host accepts is reported, not retried as if the host were down", async () => {
+  const w = new World();
+  const [c] = await w.deployed();
+  w.hosts.keys.set(HOST, "a key no class has");
+  await w.kube.delete(EXPORTER_SETS, NS, SET);
+  await w.kube.delete(EXPORTERS, NS, c.metadata.name!);
+  const out = await w.reconcile();
+  assert.ok(w.exporter(c.metadata.name!), "kept until the instance can be removed");
+  assert.ok(w.events.some((e) => e.reason === "TeardownNoKey" && e.object === c.metadata.name));
+  assert.ok(out.requeueAfterMs! >= 30_000, "not retried as if the host were just down");
 });
 
 Deno.test("sweep: removes instances whose Exporter is gone, keeps live and retained ones", async () => {
@@ -350,4 +455,167 @@ Deno.test("sweep: removes instances whose Exporter is gone, keeps live and retai
   assert.equal(w.hosts.instance(HOST, b.metadata.name!), undefined);
   assert.ok(!w.ctx.applied.has(b.metadata.uid!), "its apply memory is dropped");
   assert.equal(await sweep(w.ctx, "elsewhere"), 0, "namespaced: other namespaces' instances are not judged");
+});
+
+Deno.test("sweep: what it cannot prove ours stays, cluster-wide too: an unlabelled volume, an uid-less leftover", async () => {
+  const w = new World();
+  await w.deployed();
+  const bare = { files: [], ownerMismatch: false, containers: [], volume: true };
+  w.hosts.strays.set(HOST, [
+    { ...bare, name: "unlabelled" },
+    { ...bare, name: "no-namespace", uid: "uid-gone" },
+  ]);
+  assert.equal(await sweep(w.ctx, undefined), 0);
+  assert.ok(!w.hosts.calls.some((c) => c.startsWith("remove")));
+});
+
+/** The extra Exporter a lease makes the set create is issued its credentials and deployed too. */
+async function credentialsForAll(w: World): Promise<void> {
+  await w.reconcile();
+  for (const e of w.exporters()) if (!e.status?.credential) w.issueCredentials(e);
+  await w.reconcile();
+}
+
+Deno.test("reconcile: a runtime change waits for the lease, then rolls; status counts the outdated", async () => {
+  const w = new World({ recycleStrategy: "InPlaceReuse" });
+  const [a, b] = await w.deployed();
+  const [leased, idle] = [a.metadata.name!, b.metadata.name!];
+  w.lease("l1", leased, false);
+  await credentialsForAll(w);
+  w.updateSpec({ images: { runtime: { imagePullPolicy: "Always" } } });
+  await w.reconcile();
+  assert.equal(w.hosts.instance(HOST, leased)!.starts, 1, "the leased instance keeps running");
+  assert.match(w.hosts.instance(HOST, leased)!.rendered.files.map((f) => f.content).join(), /Pull=always/i);
+  assert.equal(w.hosts.instance(HOST, idle)!.starts, 2, "an idle one is restarted at once");
+  assert.equal(w.set.status?.replicas, 3);
+  assert.equal(w.set.status?.updatedReplicas, 2);
+  const waiting = condition(w.set, "Progressing");
+  assert.equal(waiting?.reason, "WaitingForLease");
+  assert.match(waiting?.message ?? "", new RegExp(`${leased}.*lease l1`));
+  w.advance(10 * 60_000);
+  await w.reconcile();
+  assert.equal(w.hosts.instance(HOST, leased)!.starts, 1, "not on a resync either");
+  w.issueCredentials(w.exporter(leased)!, "rotated-under-lease");
+  await w.reconcile();
+  const files = w.hosts.instance(HOST, leased)!.rendered.files.map((f) => f.content).join();
+  assert.match(files, /rotated-under-lease/, "a rotated token reaches it at once");
+  assert.equal(w.hosts.instance(HOST, leased)!.starts, 1, "by a reload, not a restart");
+  w.lease("l1", leased, true);
+  await w.reconcile();
+  assert.equal(w.hosts.instance(HOST, leased)!.starts, 2, "restarted once its lease ended");
+  assert.equal(w.set.status?.updatedReplicas, w.set.status?.replicas);
+  assert.notEqual(condition(w.set, "Progressing")?.reason, "WaitingForLease");
+});
+
+Deno.test("reconcile: pending restarts roll one instance at a time once their leases end", async () => {
+  const w = new World({ recycleStrategy: "InPlaceReuse" });
+  const [a, b] = await w.deployed();
+  for (const e of [a, b]) w.patchExporterStatus(e.metadata.name!, { leaseRef: { name: `l-${e.metadata.name}` } });
+  await w.reconcile();
+  w.updateSpec({ images: { runtime: { imagePullPolicy: "Always" } } });
+  await w.reconcile();
+  for (const e of [a, b]) w.patchExporterStatus(e.metadata.name!, { leaseRef: undefined });
+  const out = await w.reconcile();
+  const starts = () => [a, b].map((e) => w.hosts.instance(HOST, e.metadata.name!)!.starts);
+  assert.deepEqual(starts().sort(), [1, 2], "one restarted, the other still waits");
+  assert.ok(out.requeueAfterMs! <= 10_000, "and is looked at again soon");
+  await w.reconcile();
+  assert.deepEqual(starts(), [2, 2]);
+  assert.equal(w.set.status?.updatedReplicas, w.set.status?.replicas);
+});
+
+Deno.test("reconcile: a host move leaves a leased instance on the old host until its lease ends", async () => {
+  const other = "lab-host-02.example.com";
+  const w = new World();
+  const [a, b] = await w.deployed();
+  const [leased, idle] = [a.metadata.name!, b.metadata.name!];
+  w.lease("l1", leased, false);
+  await credentialsForAll(w);
+  w.updateSpec({ parameters: { host: { name: other } } });
+  await w.reconcile();
+  assert.ok(w.hosts.instance(HOST, leased), "the leased instance stays where it is");
+  assert.equal(w.hosts.instance(other, leased), undefined);
+  assert.equal(w.hosts.instance(HOST, idle), undefined, "an idle one moves");
+  assert.ok(w.hosts.instance(other, idle));
+  assert.equal(w.exporter(leased)?.metadata.annotations?.[HOST_ANNOTATION], HOST);
+  assert.equal(condition(w.set, "Progressing")?.reason, "WaitingForLease");
+  assert.ok((w.set.status?.updatedReplicas ?? 0) < (w.set.status?.replicas ?? 0));
+  w.lease("l1", leased, true);
+  await w.reconcile();
+  assert.equal(w.hosts.instance(other, leased), undefined, "replaced (ExitAndReplace), not moved");
+  await w.reconcile();
+  assert.equal(w.hosts.instance(HOST, leased), undefined, "removed from the old host once the lease ended");
+});
+
+Deno.test("reconcile: instances it cannot see are counted as last seen, and the status says unknown", async () => {
+  const w = new World();
+  const [a, b] = await w.deployed();
+  assert.equal(w.set.status?.readyReplicas, 2);
+  w.hosts.down.add(HOST);
+  w.advance(10 * 60_000);
+  await w.reconcile();
+  assert.equal(w.set.status?.readyReplicas, 2, "not 0: they keep running as far as anyone knows");
+  let available = condition(w.set, "Available");
+  assert.equal(available?.status, "Unknown");
+  assert.match(available?.message ?? "", new RegExp(`${a.metadata.name}.*${b.metadata.name}`));
+  // a restarted controller has no memory of its applies: Jumpstarter's Online report is the last word
+  w.ctx.applied.clear();
+  for (const e of [a, b]) {
+    w.patchExporterStatus(e.metadata.name!, {
+      conditions: [{ type: "Online", status: "True", reason: "Online", message: "", lastTransitionTime: "" }],
+    });
+  }
+  await w.reconcile();
+  assert.equal(w.set.status?.readyReplicas, 2);
+  w.hosts.down.delete(HOST);
+  await w.reconcile();
+  available = condition(w.set, "Available");
+  assert.equal(available?.status, "True");
+  assert.equal(w.set.status?.readyReplicas, 2);
+  // the host is up but no longer takes our key
+  w.hosts.keys.set(HOST, "another key");
+  w.advance(10 * 60_000);
+  await w.reconcile();
+  assert.equal(w.set.status?.readyReplicas, 2);
+  assert.equal(condition(w.set, "Available")?.status, "Unknown");
+  assert.equal(condition(w.set, "Degraded")?.reason, "AuthenticationFailed");
+});
+
+Deno.test("reconcile: a pending lease matching two sets is demand of the oldest only", async () => {
+  const w = new World();
+  const cls = w.ctx.caches.classes.get(NS, "qemu")!;
+  w.kube.put(VIRTUAL_TARGET_CLASSES, { ...cls, spec: { ...cls.spec, bindingMode: "WaitForFirstConsumer" } });
+  w.advance(1_000);
+  w.kube.put<ExporterSet>(EXPORTER_SETS, { ...w.set, metadata: { name: "pool-b", namespace: NS, generation: 1 } });
+  w.kube.put<Lease>(JUMPSTARTER_LEASES, {
+    metadata: { name: "waiting", namespace: NS },
+    spec: { selector: { matchLabels: { board: "qemu" } } },
+    status: { ended: false },
+  });
+  // the younger set first: the order of reconciles must not decide whose demand it is
+  await reconcile(w.ctx, `${NS}/pool-b`);
+  await w.reconcile();
+  const of = (set: string) => w.exporters().filter((e) => e.metadata.labels?.[SET_LABEL] === set).length;
+  assert.equal(of(SET), 3, "the oldest matching set counts the lease");
+  assert.equal(of("pool-b"), 2, "the other set does not count it again");
+});
+
+Deno.test("reconcile: status.selector selects only this set's Exporters", async () => {
+  const w = new World();
+  await w.reconcile();
+  await w.reconcile();
+  assert.equal(w.set.status?.selector, `board=qemu,${SET_LABEL}=${SET}`);
+});
+
+Deno.test("reconcile: problems are retried within --resync when it is shorter than the retry interval", async () => {
+  const w = new World();
+  const [a] = await w.deployed();
+  w.ctx.resyncMs = 4_000;
+  w.hosts.down.add(HOST);
+  await w.kube.delete(EXPORTERS, NS, a.metadata.name!);
+  assert.equal((await w.reconcile()).requeueAfterMs, 4_000, "a transient problem");
+  w.hosts.down.delete(HOST);
+  const cls = w.ctx.caches.classes.get(NS, "qemu")!;
+  w.kube.put(VIRTUAL_TARGET_CLASSES, { ...cls, spec: { ...cls.spec, parameters: { host: {} } } });
+  assert.equal((await w.reconcile()).requeueAfterMs, 4_000, "a problem waiting for a person");
 });

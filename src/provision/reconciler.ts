@@ -10,14 +10,14 @@ import type { Outcome } from "../kube/queue.ts";
 import type { InstanceParams } from "../host/instance_params.ts";
 import type { LabTarget } from "./credentials.ts";
 import type { AppliedState, Context } from "./context.ts";
-import { deployAll } from "./deploy.ts";
+import { deployAll, type Deployed, ROLL_NEXT_MS } from "./deploy.ts";
 import { isLeased, leaseState, pendingDemand } from "./leases.ts";
-import { ownerSetName } from "./marks.ts";
+import { ownerSetName, SET_LABEL } from "./marks.ts";
 import { fieldErrorLine } from "./params.ts";
 import { type ExporterView, plan, selectorString, withDefaults } from "./plan.ts";
 import { retryAfterMs } from "./problems.ts";
 import { computeStatus, type ExporterState, type Problem, type StatusInput } from "./status.ts";
-import { cachedSetTarget } from "./targets.ts";
+import { cachedSetTarget, TARGET_ANNOTATION } from "./targets.ts";
 import { finalize, orphaned } from "./teardown.ts";
 import { act, lastStatus, pendingCreates, writeStatus } from "./writes.ts";
 
@@ -33,7 +33,7 @@ export async function reconcile(ctx: Context, key: string): Promise<Outcome> {
   const isMine = (e: Exporter) => !!set && e.metadata.ownerReferences!.some((o) => o.uid === set.metadata.uid);
   // Exporters of a deleted set, including an earlier incarnation of a set re-created under the same name.
   const stale = named.filter((e) => !isMine(e));
-  const orphanOutcome = stale.length ? await orphaned(ctx, ns, stale) : {};
+  const orphanOutcome = await orphaned(ctx, stale);
   if (!set) {
     ctx.statuses.delete(key);
     return orphanOutcome;
@@ -57,33 +57,46 @@ export async function reconcile(ctx: Context, key: string): Promise<Outcome> {
   // 1. Exporters being deleted: tear down on the host first (all at once), then let them go.
   const live = owned.filter((e) => !e.metadata.deletionTimestamp);
   const finalized = await Promise.all(
-    owned.filter((e) => e.metadata.deletionTimestamp).map((e) => finalize(ctx, set, e, target)),
+    owned.filter((e) => e.metadata.deletionTimestamp).map((e) =>
+      finalize(ctx, set, e, target ? [target] : [], !!set.metadata.deletionTimestamp)
+    ),
   );
   problems.push(...finalized.filter((p): p is Problem => p !== undefined));
   // 2. Deploy or refresh what has credentials.
-  const { states, waiting } = params && target
+  // with no target, what was deployed cannot be looked at
+  const { states, waiting, unseen, outdated }: Deployed = params && target
     ? await deployAll(ctx, set, cls, live, params, target, problems)
-    : { states: new Map<string, AppliedState | undefined>(), waiting: [] };
+    : {
+      states: new Map(),
+      waiting: [],
+      unseen: live.filter((e) => e.metadata.annotations?.[TARGET_ANNOTATION]).map((e) => e.metadata.name!),
+      outdated: [],
+    };
   // 3. Plan and act.
   const views = exporterViews(ctx, ns, live);
   const pending = pendingCreates(ctx, set, live);
   const p = plan({
     spec: set.spec,
     exporters: [...views, ...pending.map(pendingView)],
-    pendingDemand: pendingDemand(set, ctx.caches.leases.list(ns)),
+    pendingDemand: pendingDemand(set, ctx.caches.sets.list(ns), ctx.caches.leases.list(ns)),
     waitForFirstConsumer: cls.spec.bindingMode === "WaitForFirstConsumer",
     surplusSince: old?.surplusSince,
     now: ctx.now(),
   });
-  if (!params || !target) p.create = 0; // nothing can be deployed until the configuration is fixed
+  // nothing can be deployed until the configuration is fixed; under foreground deletion the garbage collector is
+  // deleting them
+  if (!params || !target || set.metadata.deletionTimestamp) p.create = 0;
   await act(ctx, set, p);
   // 4. Status.
   const exporterStates: ExporterState[] = live.map((e, i) => ({
     name: e.metadata.name!,
     enabled: views[i].enabled && !p.drain.includes(views[i].name),
     leased: views[i].leased,
-    ready: lastKnown(ctx, states, e.metadata.uid!)?.ready ?? false,
+    // never looked at by this process (it restarted) and not reachable now: Jumpstarter's word
+    ready: lastKnown(ctx, states, e.metadata.uid!)?.ready ?? onlineReport(e) === true,
     online: onlineReport(e),
+    unseen: unseen.includes(e.metadata.name!),
+    waitsFor: outdated.find((o) => o.name === e.metadata.name),
   }));
   await writeStatus(
     ctx,
@@ -106,6 +119,7 @@ export async function reconcile(ctx: Context, key: string): Promise<Outcome> {
       p.requeueAfterMs ?? Infinity,
       orphanOutcome.requeueAfterMs ?? Infinity,
       backoffEndsInMs(ctx, live, states),
+      outdated.some((o) => !o.lease) ? ROLL_NEXT_MS : Infinity,
     ),
   };
 }
@@ -128,7 +142,11 @@ function statusBasics(ctx: Context, set: ExporterSet, old: ExporterSetStatus | u
     old,
     // taken when the status is computed, not when the reconcile began: a deploy can take seconds
     now: ctx.now(),
-    selector: selectorString(set.spec.template?.metadata?.labels ?? set.spec.selector?.matchLabels ?? {}),
+    // our set label keeps the selector from spanning sets whose template labels overlap
+    selector: selectorString({
+      ...set.spec.template?.metadata?.labels ?? set.spec.selector?.matchLabels,
+      [SET_LABEL]: set.metadata.name!,
+    }),
     minReplicas: s.minReplicas,
     minAvailableReplicas: s.minAvailableReplicas,
     maxReplicas: s.maxReplicas,

@@ -12,6 +12,16 @@ export interface ExporterState {
   ready: boolean;
   /** Jumpstarter's own view: true = online, false = reported offline, undefined = not reported yet. */
   online?: boolean;
+  /** Its host could not be looked at now: `ready` is as last seen. */
+  unseen?: boolean;
+  /** It runs an older definition (or on the set's old host) until this happens. */
+  waitsFor?: Waits;
+}
+
+/** What an outdated instance waits for: the lease it serves (none: its turn to restart), in words. */
+export interface Waits {
+  lease?: string;
+  what: string;
 }
 
 /** Something that keeps the set from being healthy, shown in Degraded (first one) and in events. */
@@ -46,6 +56,8 @@ export function computeStatus(i: StatusInput): ExporterSetStatus {
   const leased = ex.filter((e) => e.leased);
   const available = ready.filter((e) => e.enabled && !e.leased);
   const offline = ex.filter((e) => e.online === false || (!e.ready && !i.waitingForCredentials.includes(e.name)));
+  const outdated = ex.filter((e) => e.waitsFor);
+  const unseen = ex.filter((e) => e.unseen);
   const status: ExporterSetStatus = {
     observedGeneration: i.generation,
     replicas: ex.length,
@@ -53,6 +65,7 @@ export function computeStatus(i: StatusInput): ExporterSetStatus {
     availableReplicas: available.length,
     unavailableReplicas: ex.length - ready.length,
     leasedReplicas: leased.length,
+    updatedReplicas: ex.length - outdated.length,
     exportersActive: leased.length,
     exportersIdle: available.length,
     exportersDisabled: ex.filter((e) => !e.enabled).length,
@@ -61,8 +74,14 @@ export function computeStatus(i: StatusInput): ExporterSetStatus {
     ...(i.surplusSince ? { surplusSince: i.surplusSince } : {}),
   };
   const conds: Omit<Condition, "lastTransitionTime">[] = [];
-  const c = (type: string, ok: boolean, reason: string, message: string) =>
-    conds.push({ type, status: ok ? "True" : "False", reason, message, observedGeneration: i.generation });
+  const c = (type: string, ok: boolean | "Unknown", reason: string, message: string) =>
+    conds.push({
+      type,
+      status: ok === "Unknown" ? ok : ok ? "True" : "False",
+      reason,
+      message,
+      observedGeneration: i.generation,
+    });
 
   if (i.classMissing !== undefined) {
     const msg = `VirtualTargetClass "${i.classMissing}" not found in this namespace: create it or fix ` +
@@ -75,7 +94,15 @@ export function computeStatus(i: StatusInput): ExporterSetStatus {
   }
 
   const desired = i.desired ?? 0;
-  if (desired === 0 && ex.length === 0) {
+  if (unseen.length) {
+    c(
+      "Available",
+      "Unknown",
+      "InstancesUnseen",
+      `cannot look at ${unseen.map((e) => e.name).join(", ")} on the host now (see Degraded); counting them as last ` +
+        `seen: ${available.length} idle of ${ready.length} ready exporters`,
+    );
+  } else if (desired === 0 && ex.length === 0) {
     c(
       "Available",
       true,
@@ -101,6 +128,14 @@ export function computeStatus(i: StatusInput): ExporterSetStatus {
       "WaitingForCredentials",
       `waiting for Jumpstarter to issue credentials to ${i.waitingForCredentials.join(", ")} ` +
         "(status.credential and status.endpoint)",
+    );
+  } else if (outdated.length) {
+    const waits = outdated.map((e) => `${e.name}: ${e.waitsFor!.what}`).join("; ");
+    c(
+      "Progressing",
+      true,
+      outdated.some((e) => e.waitsFor!.lease) ? "WaitingForLease" : "RollingUpdate",
+      `${outdated.length} of ${ex.length} exporters run an older definition; ${waits}`,
     );
   } else if (ready.length < desired || ex.length !== desired) {
     c("Progressing", true, "ReplicasNotReady", `${ready.length} of ${desired} exporters ready (${ex.length} exist)`);

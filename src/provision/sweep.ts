@@ -42,6 +42,13 @@ async function sweepHost(ctx: Context, namespace: string | undefined, target: La
   for (const inst of inspection.instances) {
     if (namespace && inst.namespace !== namespace) continue;
     if (inst.uid && known.has(inst.uid)) continue;
+    if (!inst.uid || !inst.namespace) {
+      ctx.log.warn("not sweeping what does not name its exporter's uid and namespace: it may not be ours", {
+        host: target.host,
+        instance: inst.name,
+      });
+      continue;
+    }
     // reclaimPolicy Retain: the instance of a deleted set stays (a leftover of a live set is still swept)
     if (inst.retain && !ctx.caches.sets.get(inst.namespace, inst.set ?? "")) continue;
     if (inst.ownerMismatch) {
@@ -52,7 +59,7 @@ async function sweepHost(ctx: Context, namespace: string | undefined, target: La
       continue;
     }
     ctx.log.info("removing orphaned instance", { host: target.host, instance: inst.name, uid: inst.uid });
-    await ctx.hosts.remove(target, inst.name);
+    await ctx.hosts.remove(target, inst.name, inst.uid);
     removed++;
   }
   return removed;

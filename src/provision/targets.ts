@@ -54,25 +54,35 @@ export const cachedSetTarget = (caches: Pick<Caches, "secrets">, cls: VirtualTar
   setTarget(cls, set, cachedSecrets(caches, set.metadata.namespace));
 
 /**
- * The SSH target an Exporter was deployed to (its target annotation), with the credentials of a class of ours in its
- * namespace that can reach it; undefined if it was never deployed or no class has usable credentials.
+ * The SSH target an Exporter was deployed to (its target annotation), once with the credentials of each class of ours
+ * in its namespace that has usable ones: first the classes whose own parameters name that target, as only the host
+ * can tell which key it accepts. Empty if it was never deployed or no class has usable credentials.
  */
-export function deployedTarget(
+export function deployedTargets(
   caches: Pick<Caches, "classes" | "secrets">,
   provisioner: string,
   e: Exporter,
-): LabTarget | undefined {
+): LabTarget[] {
   const ns = e.metadata.namespace!;
-  const m = TARGET_RE.exec(e.metadata.annotations?.[TARGET_ANNOTATION] ?? "");
-  if (!m) return undefined;
+  const where = e.metadata.annotations?.[TARGET_ANNOTATION] ?? "";
+  const m = TARGET_RE.exec(where);
+  if (!m) return [];
   const params = { host: { name: m[2], user: m[1], port: Number(m[3]) } } as InstanceParams;
   const secret = cachedSecrets(caches, ns);
-  for (const cls of caches.classes.list(ns)) {
-    if (cls.spec.provisioner !== provisioner) continue;
+  const bareSet = (cls: VirtualTargetClass): ExporterSet => ({
+    metadata: { namespace: ns },
+    spec: { virtualTargetClassName: cls.metadata.name! },
+  });
+  const names = (cls: VirtualTargetClass) => {
+    const own = setTarget(cls, bareSet(cls), secret);
+    return own.ok && targetString(own.target) === where;
+  };
+  const ranked = caches.classes.list(ns).filter((cls) => cls.spec.provisioner === provisioner)
+    .sort((a, b) => Number(names(b)) - Number(names(a)));
+  return ranked.flatMap((cls) => {
     const cred = credentials(cls, params, secret);
-    if (cred.ok) return cred.target;
-  }
-  return undefined;
+    return cred.ok ? [cred.target] : [];
+  });
 }
 
 /**
@@ -82,7 +92,7 @@ export function deployedTarget(
 export function hostTargets(caches: Caches, provisioner: string): LabTarget[] {
   const out = new Map<string, LabTarget>();
   for (const e of caches.exporters.list()) {
-    const target = deployedTarget(caches, provisioner, e);
+    const [target] = deployedTargets(caches, provisioner, e);
     if (target) out.set(targetString(target), target);
   }
   for (const set of caches.sets.list()) {

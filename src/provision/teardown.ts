@@ -3,32 +3,40 @@
  * Exporters of a set that is gone.
  */
 import type { Exporter, ExporterSet } from "../api/types.ts";
+import { HostScriptError } from "../host/lab.ts";
+import { SshError } from "../host/ssh.ts";
 import { isConflict, isNotFound } from "../kube/client.ts";
 import type { Outcome } from "../kube/queue.ts";
 import { EXPORTERS } from "../kube/resources.ts";
 import type { LabTarget } from "./credentials.ts";
 import type { Context } from "./context.ts";
-import { FINALIZER, RECLAIM_ANNOTATION } from "./marks.ts";
+import { FINALIZER, isOurs, RECLAIM_ANNOTATION, SET_LABEL } from "./marks.ts";
 import { errorText, retryAfterMs } from "./problems.ts";
 import type { Problem } from "./status.ts";
-import { deployedTarget, parseTarget, TARGET_ANNOTATION } from "./targets.ts";
+import { deployedTargets, parseTarget, TARGET_ANNOTATION } from "./targets.ts";
 
-/** Tears down a deleted Exporter's instance, then removes our finalizer. Returns a problem if it cannot. */
+const OWNER_CONFLICT = "OwnerConflict";
+
+/**
+ * Tears down a deleted Exporter's instance, trying each of `targets` (the same host with different credentials) until
+ * one is let in, then removes our finalizer. When its set is being deleted, reclaimPolicy Retain keeps the instance.
+ * Returns a problem if it cannot.
+ */
 export async function finalize(
   ctx: Context,
   owner: ExporterSet | Exporter,
   e: Exporter,
-  target: LabTarget | undefined,
-  keepInstance = false,
+  targets: LabTarget[],
+  setDeleted: boolean,
 ): Promise<Problem | undefined> {
   if (!e.metadata.finalizers?.includes(FINALIZER)) return undefined;
   const where = e.metadata.annotations?.[TARGET_ANNOTATION];
-  if (where && !keepInstance) {
-    const problem = await removeInstance(ctx, e, where, target);
-    if (problem) {
-      ctx.recorder.event(e, "Warning", problem.reason, problem.message);
-      return problem;
-    }
+  const keepInstance = setDeleted && e.metadata.annotations?.[RECLAIM_ANNOTATION] === "Retain";
+  const problem = where && !keepInstance ? await removeInstance(ctx, e, where, targets) : undefined;
+  if (problem) {
+    ctx.recorder.event(e, "Warning", problem.reason, problem.message);
+    // another's instance under the name: nothing of ours is there to wait for
+    if (problem.reason !== OWNER_CONFLICT) return problem;
   }
   ctx.applied.delete(e.metadata.uid!);
   ctx.exporterFailures.delete(e.metadata.uid!);
@@ -48,51 +56,75 @@ export async function finalize(
       `reclaimPolicy Retain: ${e.metadata.name} keeps running on ${where ?? "(never deployed)"}; remove it there by ` +
         "hand when it is no longer wanted",
     );
-  } else {
+  } else if (!problem) {
     ctx.recorder.event(owner, "Normal", "TornDown", `removed ${e.metadata.name} from ${where ?? "(never deployed)"}`);
   }
   return undefined;
 }
 
-/** Removes the Exporter's instance from the host it was deployed to; a problem if that cannot be done now. */
+/**
+ * Removes the Exporter's instance from the host it was deployed to; a problem if that cannot be done now, or an
+ * OwnerConflict when the files there name another uid (a same-name instance of another namespace: ours was never
+ * applied there, so there is nothing of ours to remove).
+ */
 async function removeInstance(
   ctx: Context,
   e: Exporter,
   where: string,
-  target: LabTarget | undefined,
+  targets: LabTarget[],
 ): Promise<Problem | undefined> {
-  if (!target) {
+  if (!targets.length) {
     return {
       reason: "TeardownBlocked",
       message: `cannot tear down ${e.metadata.name} on ${where}: no usable SSH credentials for it (see the ` +
         "VirtualTargetClass and its credentials Secret); the Exporter stays until the instance is removed",
     };
   }
-  try {
-    await ctx.hosts.remove(parseTarget(where, target), e.metadata.name!);
-    return undefined;
-  } catch (err) {
-    return {
-      reason: "TeardownFailed",
-      message: `teardown of ${e.metadata.name} on ${where} failed, will retry: ${errorText(err)}`,
-    };
+  for (const target of targets) {
+    try {
+      await ctx.hosts.remove(parseTarget(where, target), e.metadata.name!, e.metadata.uid);
+      return undefined;
+    } catch (err) {
+      if (err instanceof SshError && err.kind === "auth") continue;
+      if (err instanceof HostScriptError && err.code === "owner-conflict") {
+        ctx.log.warn("teardown left an instance that is not ours", { exporter: e.metadata.name, error: err.message });
+        return { reason: OWNER_CONFLICT, message: `left ${e.metadata.name} on ${where} as it is: ${err.message}` };
+      }
+      return {
+        reason: "TeardownFailed",
+        message: `teardown of ${e.metadata.name} on ${where} failed, will retry: ${errorText(err)}`,
+      };
+    }
   }
+  const problem = {
+    reason: "TeardownNoKey",
+    message: `cannot tear down ${e.metadata.name} on ${where}: the host accepts none of the SSH keys of the ` +
+      "VirtualTargetClasses in its namespace; give a class the key of that host, or remove the instance there by hand " +
+      "and the Exporter's finalizer",
+  };
+  ctx.log.warn("teardown found no key the host accepts", { exporter: e.metadata.name, host: where });
+  return problem;
 }
 
 /**
- * The set is gone (the garbage collector may not be running, or not yet): delete its Exporters and tear down their
- * instances with the credentials of the class they were deployed with, if it is still there.
+ * Exporters whose set is not in the cache (deleted, or the watch lags): deleting them is the garbage collector's job,
+ * ours only the teardown behind our finalizer of those it deletes, with the credentials of a class of theirs still
+ * there. Exporters that are not ours are left as they are.
  */
-export async function orphaned(ctx: Context, ns: string, owned: Exporter[]): Promise<Outcome> {
+export async function orphaned(ctx: Context, stale: Exporter[]): Promise<Outcome> {
+  for (const e of stale.filter((e) => e.metadata.deletionTimestamp && !isOurs(e))) {
+    if (!e.metadata.finalizers?.includes(FINALIZER)) continue;
+    const message = `${e.metadata.name} carries our finalizer but not our label ${SET_LABEL}: not ours to tear ` +
+      "down; it stays until its owner removes the finalizer";
+    ctx.recorder.event(e, "Warning", "NotOurs", message);
+    ctx.log.warn("an Exporter that is not ours carries our finalizer", { exporter: e.metadata.name });
+  }
   // in parallel, as deploys are: one unreachable host must not hold up the instances on the others
-  const results = await Promise.all(owned.map(async (e) => {
-    if (e.metadata.deletionTimestamp) {
-      const retain = e.metadata.annotations?.[RECLAIM_ANNOTATION] === "Retain";
-      return await finalize(ctx, e, e, deployedTarget(ctx.caches, ctx.provisioner, e), retain);
-    }
-    await ctx.client.delete(EXPORTERS, ns, e.metadata.name!);
-  }));
+  const results = await Promise.all(
+    stale.filter((e) => e.metadata.deletionTimestamp && isOurs(e)).map((e) =>
+      finalize(ctx, e, e, deployedTargets(ctx.caches, ctx.provisioner, e), true)
+    ),
+  );
   const problems = results.filter((p): p is Problem => p !== undefined);
-  if (problems.length) return { requeueAfterMs: retryAfterMs(ctx.resyncMs, problems) };
-  return owned.length ? { requeueAfterMs: 1_000 } : {};
+  return problems.length ? { requeueAfterMs: retryAfterMs(ctx.resyncMs, problems) } : {};
 }

@@ -87,8 +87,8 @@ export async function credentialScenario(reps: number): Promise<Outcome[]> {
             }, { what: "an Exporter being deleted while the key is wrong", timeoutMs: 60_000, intervalMs: 500 });
             await waitFor(async () => {
               const evs = await w.events();
-              return evs.some((e) => e.reason === "TeardownFailed" && e.involvedObject.name === waiting.metadata.name);
-            }, { what: "a TeardownFailed event", timeoutMs: 60_000, intervalMs: 500 });
+              return evs.some((e) => e.reason === "TeardownNoKey" && e.involvedObject.name === waiting.metadata.name);
+            }, { what: "a TeardownNoKey event (the host accepts no key we have)", timeoutMs: 60_000, intervalMs: 500 });
             const es = await w.exporters();
             checks.expect(
               es.some((e) => e.metadata.name === waiting.metadata.name),

@@ -6,12 +6,21 @@
  * 2. no host has a managed instance of the namespace without an Exporter, after the controller's orphan sweep;
  * 3. no Exporters beyond the set's desired count (none left from an earlier incarnation of the set, none stuck in
  *    deletion);
- * 4. the set's status tells the truth: replicas == live Exporters, readyReplicas == instances with both units active.
+ * 4. the set's status tells the truth: replicas == live Exporters, readyReplicas == instances with both units active;
+ * 5. foreign Exporters (another provisioner's, one owned by a set of a kind this controller does not know) and a
+ *    foreign instance's files on every host are byte-for-byte as they were before the first trial;
+ * 6. no leased instance was restarted or removed: a second set of ours keeps one Exporter leased as Jumpstarter marks
+ *    it, its runtime changes with every trial (pull policy), and its containers are the same ones (pid, start time)
+ *    after every trial, unless its host rebooted.
  */
-import type { Exporter, ExporterSet } from "../../src/api/types.ts";
+import type { Exporter, ExporterSet, KubeObject, Lease, VirtualTargetClass } from "../../src/api/types.ts";
 import type { HostInspection, InspectedInstance } from "../../src/host/remote.ts";
-import { HOST_ANNOTATION } from "../../src/provision/marks.ts";
-import { type FaultWorld, type Outcome, outcomes, secondsSince, sleep } from "./world.ts";
+import { CONFIG_DIR, configPath, ownerLine } from "../../src/host/render.ts";
+import { EXPORTER_SETS, EXPORTERS, JUMPSTARTER_LEASES, VIRTUAL_TARGET_CLASSES } from "../../src/kube/resources.ts";
+import { HOST_ANNOTATION, ownerSetName } from "../../src/provision/marks.ts";
+import { seedExample, waitFor } from "../env.ts";
+import type { LabHost } from "../labhost/labhost.ts";
+import { type FaultWorld, type Outcome, outcomes, secondsSince, SET, sh, sleep } from "./world.ts";
 
 export interface InvariantReport {
   ok: boolean;
@@ -52,7 +61,7 @@ async function view(w: FaultWorld): Promise<View> {
 /** Instances of the namespace on any host, with the host's name. */
 function ownInstances(w: FaultWorld, v: View): { host: string; inst: InspectedInstance }[] {
   return [...v.hosts].flatMap(([host, insp]) =>
-    insp.instances.filter((i) => w.owns(i)).map((inst) => ({ host, inst }))
+    insp.instances.filter((i) => w.owns(i) && i.set !== LEASED_SET).map((inst) => ({ host, inst }))
   );
 }
 
@@ -240,11 +249,15 @@ export async function trial(
   w.resetPeak();
   let result: TrialResult = { fault: "(did not run)" };
   try {
+    await seedForeign(w);
+    await leaseOne(w);
     result = await fault(checks);
   } catch (e) {
     checks.failed.push(`fault step failed: ${e instanceof Error ? e.message : e}`);
   }
   const r = await checkInvariants(w, opts);
+  r.violations.push(...await foreignChanges(w).catch((e) => [`looking at foreign objects failed: ${e}`]));
+  r.violations.push(...await disruptedLeases(w).catch((e) => [`looking at the leased instance failed: ${e}`]));
   if (result.after) {
     try {
       const more = await result.after(checks);
@@ -273,4 +286,170 @@ export async function trial(
       (o.note ? `\n      ${o.note}` : ""),
   );
   return o;
+}
+
+// ---------------------------------------------------------------- 5. foreign objects
+
+/** The in-cluster qemu provisioner's class, set and Exporter, next to ours in the namespace. */
+const FOREIGN_PROVISIONER = "qemu.jumpstarter.dev";
+const FOREIGN_SET = "in-cluster-qemu-pool";
+
+/** The name of a foreign instance on the hosts: another namespace's, with its own ownership line. */
+export const foreignInstanceName = (ns: string) => `foreign-${ns}`;
+
+/** What the foreign objects were before the first trial: Exporters by name, and each host's files by host. */
+const foreignBefore = new WeakMap<FaultWorld, { exporters: Map<string, string>; files: Map<string, string> }>();
+
+/** An Exporter as only its owner may change it: status is Jumpstarter's, resourceVersion follows any write. */
+export function ownersPart(e: Exporter): string {
+  const { resourceVersion: _rv, managedFields: _mf, ...metadata } = e.metadata as Exporter["metadata"] & {
+    managedFields?: unknown;
+  };
+  return JSON.stringify({ metadata, spec: e.spec });
+}
+
+async function foreignExporters(w: FaultWorld): Promise<Map<string, string>> {
+  const items = (await w.client.list<Exporter>(EXPORTERS, w.ns)).items;
+  const names = new Set(foreignBefore.get(w)?.exporters.keys() ?? [FOREIGN_SET, "unseen-owner"]);
+  return new Map(items.filter((e) => names.has(e.metadata.name!)).map((e) => [e.metadata.name!, ownersPart(e)]));
+}
+
+async function foreignFiles(w: FaultWorld): Promise<Map<string, string>> {
+  const path = configPath(foreignInstanceName(w.ns));
+  const out = new Map<string, string>();
+  for (const h of w.hosts) out.set(h.name, await sh(h, `sha256sum ${path} 2>&1 || true`));
+  return out;
+}
+
+/**
+ * Once per world, before its first trial: an in-cluster qemu set with an Exporter it owns, an Exporter owned by an
+ * ExporterSet of another API group (the controller never sees that set; the garbage collector cannot resolve it and
+ * leaves it), and a foreign instance's config file on every host.
+ */
+async function seedForeign(w: FaultWorld): Promise<void> {
+  if (foreignBefore.has(w)) return;
+  const cls = await seedExample("virtualtargetclass.yaml", w.ns) as VirtualTargetClass;
+  cls.metadata.name = FOREIGN_SET;
+  cls.spec.provisioner = FOREIGN_PROVISIONER;
+  await w.client.create(VIRTUAL_TARGET_CLASSES, cls as KubeObject);
+  const set = await seedExample("exporterset.yaml", w.ns) as ExporterSet;
+  set.metadata.name = FOREIGN_SET;
+  set.spec.virtualTargetClassName = FOREIGN_SET;
+  const created = await w.client.create(EXPORTER_SETS, set as KubeObject) as ExporterSet;
+  const owned = (apiVersion: string, name: string, uid: string) => ({
+    ownerReferences: [{ apiVersion, kind: "ExporterSet", name, uid, controller: true }],
+  });
+  for (
+    const e of [
+      { name: FOREIGN_SET, ...owned(created.apiVersion!, FOREIGN_SET, created.metadata.uid!) },
+      { name: "unseen-owner", ...owned("other.example.com/v1", "some-other-set", crypto.randomUUID()) },
+    ]
+  ) {
+    await w.client.create<Exporter>(EXPORTERS, {
+      apiVersion: "jumpstarter.dev/v1alpha1",
+      kind: "Exporter",
+      metadata: { ...e, namespace: w.ns, labels: { board: "foreign" } },
+      spec: {},
+    });
+  }
+  const name = foreignInstanceName(w.ns);
+  const owner = ownerLine({ namespace: `${w.ns}-elsewhere`, setName: "pool", name, uid: crypto.randomUUID() });
+  for (const h of w.hosts) {
+    await sh(h, `mkdir -p ${CONFIG_DIR} && printf '%s\\n' '${owner}' 'export: {}' > ${configPath(name)}`);
+  }
+  foreignBefore.set(w, { exporters: await foreignExporters(w), files: await foreignFiles(w) });
+}
+
+/** How the foreign objects differ from before the first trial: none of them is ours to change. */
+async function foreignChanges(w: FaultWorld): Promise<string[]> {
+  const before = foreignBefore.get(w);
+  if (!before) return [];
+  const out: string[] = [];
+  const [exporters, files] = [await foreignExporters(w), await foreignFiles(w)];
+  for (const [name, was] of before.exporters) {
+    const now = exporters.get(name);
+    if (now !== was) out.push(`foreign Exporter ${name} ${now ? `changed: ${now}` : "is gone"}`);
+  }
+  for (const [host, was] of before.files) {
+    if (files.get(host) !== was) out.push(`foreign instance on ${host} changed: ${files.get(host)}`);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- 6. leased instances
+
+/** A set of ours next to the set under test, one Exporter, leased for the whole run (invariant 6). */
+const LEASED_SET = `${SET}-leased`;
+
+interface Leased {
+  name: string;
+  host: LabHost;
+  /** Pid and start time of its runtime and exporter containers. */
+  identity: string;
+  /** When the host's init started: a different one means the host rebooted, which restarts everything on it. */
+  boot: string;
+}
+
+const leasedBefore = new WeakMap<FaultWorld, Leased>();
+
+const containers = (l: Pick<Leased, "host" | "name">) =>
+  sh(l.host, `podman inspect -f '{{.State.Pid}} {{.State.StartedAt}}' ${l.name}-runtime ${l.name}-exporter`);
+const bootOf = (host: LabHost) => sh(host, "cut -d' ' -f22 /proc/1/stat");
+
+/** Containers running on the host (both pids set), as they are now. */
+const runningIdentity = (l: Pick<Leased, "host" | "name">) =>
+  waitFor(async () => {
+    const id = await containers(l).catch(() => "");
+    return id && !/^0 /m.test(id) ? id : undefined;
+  }, { what: `${l.name}'s containers running on ${l.host.name}`, timeoutMs: 120_000 });
+
+/**
+ * Once per world, before its first trial: the second set, its Exporter deployed, then leased the way Jumpstarter
+ * records it (a Lease whose status names the Exporter, and the Exporter's status.leaseRef). Before every trial: a
+ * change of its runtime, which a set without a lease would restart.
+ */
+async function leaseOne(w: FaultWorld): Promise<void> {
+  if (leasedBefore.has(w)) {
+    const set = await w.client.get<ExporterSet>(EXPORTER_SETS, w.ns, LEASED_SET);
+    const pull = set.spec.images?.runtime?.imagePullPolicy === "Never" ? "IfNotPresent" : "Never";
+    await w.client.mergePatch(EXPORTER_SETS, w.ns, LEASED_SET, {
+      spec: { images: { runtime: { imagePullPolicy: pull } } },
+    });
+    return;
+  }
+  const set = await seedExample("exporterset.yaml", w.ns) as ExporterSet;
+  set.metadata.name = LEASED_SET;
+  Object.assign(set.spec, { minReplicas: 0, minAvailableReplicas: 1, maxReplicas: 1 });
+  await w.client.create(EXPORTER_SETS, set as KubeObject);
+  const e = await waitFor(async () => {
+    const items = (await w.client.list<Exporter>(EXPORTERS, w.ns)).items;
+    return items.find((x) => ownerSetName(x) === LEASED_SET && x.metadata.annotations?.[HOST_ANNOTATION]);
+  }, { what: `an Exporter of ${LEASED_SET} deployed`, timeoutMs: 120_000 });
+  const name = e.metadata.name!;
+  const host = w.hostNamed(e.metadata.annotations![HOST_ANNOTATION])!;
+  const lease = await w.client.create<Lease>(JUMPSTARTER_LEASES, {
+    metadata: { generateName: "lease-", namespace: w.ns },
+    spec: { selector: { matchLabels: { lease: "fault-suite" } } },
+  });
+  await w.client.mergePatch(JUMPSTARTER_LEASES, w.ns, lease.metadata.name!, {
+    status: { exporterRef: { name }, ended: false },
+  }, "status");
+  await w.client.mergePatch(EXPORTERS, w.ns, name, { status: { leaseRef: { name: lease.metadata.name } } }, "status");
+  leasedBefore.set(w, { name, host, identity: await runningIdentity({ name, host }), boot: await bootOf(host) });
+}
+
+/** Whether the leased instance still runs the containers it ran before the trial; a reboot starts a new baseline. */
+async function disruptedLeases(w: FaultWorld): Promise<string[]> {
+  const l = leasedBefore.get(w);
+  if (!l) return [];
+  const boot = await bootOf(l.host);
+  if (boot !== l.boot) {
+    leasedBefore.set(w, { ...l, boot, identity: await runningIdentity(l) });
+    return [];
+  }
+  const now = await containers(l).catch((e) => `gone (${e instanceof Error ? e.message : e})`);
+  if (now === l.identity) return [];
+  // reported once: the trials after it compare with what it became
+  leasedBefore.set(w, { ...l, identity: now });
+  return [`leased ${l.name} on ${l.host.name} was restarted or removed: ${now.trim()}`];
 }

@@ -28,6 +28,7 @@ import type { HostInspection } from "../../src/host/remote.ts";
 import { ownerSetName } from "../../src/provision/marks.ts";
 import { desiredCount } from "../../src/provision/plan.ts";
 import { silentLogger } from "../../src/observe/log.ts";
+import { foreignInstanceName } from "./invariants.ts";
 
 export const SEED_HOST = "lab-host-01.example.com";
 export const SECOND_HOST = "lab-host-02.example.com";
@@ -474,7 +475,7 @@ export class FaultWorld {
       const t = await directTarget(h);
       const inspection = await this.lab.inspect(t).catch(() => undefined);
       for (const i of inspection?.instances ?? []) {
-        if (this.owns(i)) await this.lab.remove(t, i.name).catch(() => {});
+        if (this.owns(i) || i.name === foreignInstanceName(this.ns)) await this.lab.remove(t, i.name).catch(() => {});
       }
     }
   }
