@@ -19,7 +19,7 @@ usage: qemu-ssh-provisioner [run] [flags]     run the controller (the default)
        qemu-ssh-provisioner crds              print the CustomResourceDefinitions
        qemu-ssh-provisioner render ...        print the files run would write on a lab host (offline; --help)
        qemu-ssh-provisioner doctor ...        check a lab host the way run uses it (--help)
-       qemu-ssh-provisioner version
+       qemu-ssh-provisioner version | --version
 
 run flags:
   --provisioner NAME                  provisioner to serve (default ${PROVISIONER})
@@ -28,7 +28,7 @@ run flags:
   --leader-elect                      elect a leader among replicas (Lease in the namespace)
   --health-probe-bind-address ADDR    /healthz, /readyz, /metrics (default :8081; 0 disables)
   --metrics-bind-address ADDR         a separate /metrics listener (default 0: metrics are on the health port)
-  --log-level debug|info|warn|error   (default info)
+  --log-level debug|info|warn|error   (default info; --zap-log-level is taken too)
   --log-format text|json              (default text)
   --resync SECONDS                    re-apply every instance at least this often (default 300); problems are
                                       retried after 30 s (10 s while a host is unreachable), or this if shorter
@@ -46,6 +46,10 @@ export async function main(argv: string[]): Promise<number> {
   // these two have their own --help and usage errors
   if (command === "render") return await renderCommand(rest);
   if (command === "doctor") return await doctorCommand(rest);
+  if (argv.includes("--version")) {
+    console.log(VERSION);
+    return 0;
+  }
   if (argv.includes("--help") || argv.includes("-h") || command === "help") {
     console.log(USAGE);
     return 0;
@@ -81,7 +85,9 @@ export function parseRunFlags(args: string[]) {
       "leader-elect": { type: "boolean", default: false },
       "health-probe-bind-address": { type: "string", default: ":8081" },
       "metrics-bind-address": { type: "string", default: "0" },
-      "log-level": { type: "string", default: "info" },
+      "log-level": { type: "string" },
+      // kubebuilder's name for it, which people carry over from other controllers' Deployments
+      "zap-log-level": { type: "string" },
       "log-format": { type: "string", default: "text" },
       resync: { type: "string", default: "300" },
       "sweep-interval": { type: "string", default: "300" },
@@ -89,7 +95,7 @@ export function parseRunFlags(args: string[]) {
     },
   });
   if (positionals.length) throw new UsageError(`unexpected argument "${positionals[0]}"`);
-  const level = values["log-level"];
+  const level = values["log-level"] ?? zapLevel(values["zap-log-level"]) ?? "info";
   if (!["debug", "info", "warn", "error"].includes(level)) {
     throw new UsageError(`--log-level: unknown level "${level}"`);
   }
@@ -116,6 +122,15 @@ export function parseRunFlags(args: string[]) {
     resyncMs: resync * 1000,
     sweepMs: sweep * 1000,
   };
+}
+
+/** zap's levels: debug, info, error, panic, or a number of debug verbosity. */
+function zapLevel(v: string | undefined): string | undefined {
+  if (v === undefined) return undefined;
+  if (v === "panic") return "error";
+  if (/^[1-9][0-9]*$/.test(v)) return "debug";
+  if (!["debug", "info", "error"].includes(v)) throw new UsageError(`--zap-log-level: unknown level "${v}"`);
+  return v;
 }
 
 function seconds(value: string, flag: string): number {

@@ -32,9 +32,20 @@ Deno.test("cli: usage errors exit 2 with the usage; --help and version exit 0", 
   assert.equal((await cli("frobnicate")).code, 2);
   assert.equal((await cli("run", "--log-level=loud")).code, 2);
   assert.equal((await cli("--help")).code, 0);
-  const v = await cli("version");
-  assert.equal(v.code, 0);
-  assert.match(v.stdout, /^\d+\.\d+\.\d+\n$/);
+  for (const args of [["version"], ["--version"]]) {
+    const v = await cli(...args);
+    assert.equal(v.code, 0);
+    assert.match(v.stdout, /^\d+\.\d+\.\d+\n$/);
+  }
+});
+
+Deno.test("cli: kubebuilder's --zap-log-level is understood; --log-level wins", () => {
+  assert.equal(parseRunFlags([]).logLevel, "info");
+  assert.equal(parseRunFlags(["--zap-log-level=debug"]).logLevel, "debug");
+  assert.equal(parseRunFlags(["--zap-log-level=3"]).logLevel, "debug");
+  assert.equal(parseRunFlags(["--zap-log-level=panic"]).logLevel, "error");
+  assert.equal(parseRunFlags(["--zap-log-level=debug", "--log-level=warn"]).logLevel, "warn");
+  assert.throws(() => parseRunFlags(["--zap-log-level=loud"]), /--zap-log-level: unknown level "loud"/);
 });
 
 Deno.test("cli: --resync and --sweep-interval set how often sets and hosts are looked at", () => {

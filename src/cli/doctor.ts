@@ -48,7 +48,11 @@ Exit status: 0 every check passed (warnings allowed), 1 a check failed, 2 usage 
 
 /** Below this much free space under /etc or /var/lib/containers, image pulls and volumes may fail. */
 const LOW_DISK_KIB = 2 * 1024 * 1024;
-const QUADLET_PODMAN = [4, 4];
+/**
+ * The exporter quadlet's `Network=<name>-runtime.container` (the runtime's network namespace) is understood from
+ * Podman 5.3.0 on (quadlet: "support container network reusing"); an older quadlet makes no exporter service at all.
+ */
+const QUADLET_PODMAN = [5, 3];
 const TCP_TIMEOUT_MS = 5_000;
 
 interface HostFlags {
@@ -539,7 +543,8 @@ function reportInspection(s: Subject, h: HostInspection, probe: string[][], repo
     report.add(
       "fail",
       "podman",
-      `podman ${podman} has no quadlet (needs >= ${QUADLET_PODMAN.join(".")})`,
+      `podman ${podman} is too old: its quadlet cannot put the exporter in the runtime's network ` +
+        `(Network=<name>-runtime.container needs >= ${QUADLET_PODMAN.join(".")}; RHEL 9 and Ubuntu 24.04 ship older)`,
       `upgrade podman to ${QUADLET_PODMAN.join(".")} or later`,
     );
   } else report.add("ok", "podman", `podman ${podman}`);

@@ -111,7 +111,8 @@ export class LabHosts implements HostOps {
       ready: rt?.active === "active" && ex?.active === "active",
       exited: report.exited.includes(r.units.exporter),
       restartPending: report.pending.length > 0,
-      startedExporter: report.started.includes(r.units.exporter) || report.restarted.includes(r.units.exporter),
+      // a restart for a change is not the exporter going down
+      startedExporter: report.started.includes(r.units.exporter),
       exporterRestarts: ex?.restarts ?? 0,
       journal: report.journal,
       errors: report.errors.map((e) => `${e.code}: ${e.message}`),

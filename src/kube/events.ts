@@ -34,6 +34,14 @@ export class EventRecorder implements Recorder {
 
   /** Fire and forget, in order; a failed event write is logged, never fatal. */
   event(obj: KubeObject, type: EventKind, reason: string, message: string): void {
+    // What the controller did (created, deployed, updated, torn down) belongs in its log too; warnings are logged
+    // where they arise, with more detail than an event holds.
+    if (type === "Normal") {
+      this.log.info(message, {
+        reason,
+        object: `${obj.kind ?? ""}/${obj.metadata.namespace ?? ""}/${obj.metadata.name}`,
+      });
+    }
     this.pending = this.pending.then(() => this.write(obj, type, reason, message)).catch((e) =>
       this.log.warn("could not record event", { reason, error: String(e) })
     );

@@ -77,7 +77,8 @@ export class Controller {
       process: (key) => reconcile(this.ctx, key),
       onError: (key, e, retryIn) =>
         log.warn("reconcile failed", { exporterSet: key, error: String(e), retryInMs: Math.round(retryIn) }),
-      onDone: (_key, ms, ok) => {
+      onDone: (key, ms, ok) => {
+        log.debug("reconciled", { exporterSet: key, ms: Math.round(ms), ok });
         this.metrics.reconcileTotal.inc({ controller: "exporterset", result: ok ? "success" : "error" });
         if (!ok) this.metrics.reconcileErrors.inc({ controller: "exporterset" });
         this.metrics.reconcileSeconds.observe({ controller: "exporterset" }, ms / 1000);

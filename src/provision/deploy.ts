@@ -10,7 +10,7 @@ import type { InstanceParams } from "../host/instance_params.ts";
 import { decodeSecretValue, type LabTarget } from "./credentials.ts";
 import type { AppliedState, Context } from "./context.ts";
 import { leaseHolding, leaseState } from "./leases.ts";
-import { HOST_ANNOTATION, RECLAIM_ANNOTATION } from "./marks.ts";
+import { HOST_ANNOTATION, RECLAIM_ANNOTATION, wasDeployed } from "./marks.ts";
 import { errorText } from "./problems.ts";
 import type { Problem, Waits } from "./status.ts";
 import { withDefaults } from "./plan.ts";
@@ -64,7 +64,7 @@ export async function deployAll(
       problems.push(p);
       ctx.recorder.event(e, "Warning", p.reason, p.message);
       ctx.log.warn("deploy failed", { exporterSet: set.metadata.name, exporter: e.metadata.name, error: p.message });
-      unseen.push(e.metadata.name!);
+      if (wasDeployed(e)) unseen.push(e.metadata.name!);
       return ctx.applied.get(e.metadata.uid!);
     }
   }));
@@ -105,10 +105,12 @@ async function deploy(
   }
   if (previous && previous !== where) {
     // The set now points at another host: remove the instance from the old one before deploying anew.
-    await ctx.hosts.remove(parseTarget(previous, target), name, e.metadata.uid).catch((err) => {
+    const from = parseTarget(previous, target);
+    await ctx.hosts.remove(from, name, e.metadata.uid).catch((err) => {
       throw new LeftBehind(previous, err);
     });
     ctx.applied.delete(e.metadata.uid!);
+    ctx.recorder.event(e, "Normal", "Moved", `removed from ${from.host}, the set's host is now ${target.host}`);
   }
   // The target is recorded before anything reaches the host, so that teardown finds a half-done deploy; the host
   // annotation (what people read) only once the instance is really there.

@@ -17,3 +17,9 @@ export const isOurs = (e: Exporter) =>
 export function ownerSetName(e: Exporter): string | undefined {
   return e.metadata.ownerReferences?.find((o) => o.controller && o.kind === "ExporterSet")?.name;
 }
+
+/**
+ * Whether the instance was ever up on its host: the host annotation is written only then (the target annotation
+ * before the first attempt). Only such an instance can be "unseen"; one never deployed is simply not ready.
+ */
+export const wasDeployed = (e: Exporter): boolean => !!e.metadata.annotations?.[HOST_ANNOTATION];

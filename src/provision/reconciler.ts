@@ -12,7 +12,7 @@ import type { LabTarget } from "./credentials.ts";
 import type { AppliedState, Context } from "./context.ts";
 import { deployAll, type Deployed, ROLL_NEXT_MS } from "./deploy.ts";
 import { isLeased, leaseState, pendingDemand } from "./leases.ts";
-import { ownerSetName, SET_LABEL } from "./marks.ts";
+import { ownerSetName, SET_LABEL, wasDeployed } from "./marks.ts";
 import { fieldErrorLine } from "./params.ts";
 import { type ExporterView, plan, selectorString, withDefaults } from "./plan.ts";
 import { retryAfterMs } from "./problems.ts";
@@ -69,7 +69,7 @@ export async function reconcile(ctx: Context, key: string): Promise<Outcome> {
     : {
       states: new Map(),
       waiting: [],
-      unseen: live.filter((e) => e.metadata.annotations?.[TARGET_ANNOTATION]).map((e) => e.metadata.name!),
+      unseen: live.filter(wasDeployed).map((e) => e.metadata.name!),
       outdated: [],
     };
   // 3. Plan and act.

@@ -4,7 +4,7 @@
  * normal `deno task test`; `deno task test:faults` runs the full one.
  *
  * QSP_FAULT_TRIALS: controller-kill trials (default 3; the full form sets 25).
- * QSP_FAULT_HOST_TRIALS: repetitions of the host, API and credential scenarios (default 1).
+ * QSP_FAULT_HOST_TRIALS: repetitions of the host, API, credential, disk and change scenarios (default 1).
  * QSP_FAULT_SILENCE_SECONDS: how long the controller's connections stay silent (default 10).
  * QSP_FAULT_FULL=1: wait for the controller to notice a cut network (about a minute: SSH keepalive) instead of
  * restoring it after 10 s.
@@ -15,6 +15,7 @@ import { hostScenario } from "./host_faults.ts";
 import { apiScenario } from "./api_faults.ts";
 import { credentialScenario } from "./credentials.ts";
 import { diskScenario } from "./disk.ts";
+import { changeScenario } from "./changes.ts";
 import { type Outcome, outcomes, outcomeTable, trialCount } from "./world.ts";
 
 const opts = { sanitizeOps: false, sanitizeResources: false };
@@ -65,6 +66,15 @@ Deno.test({
   ...opts,
   async fn() {
     const rs = await diskScenario(REPS);
+    assert.deepEqual(failures(rs), []);
+  },
+});
+
+Deno.test({
+  name: `faults: the set changes while others stay: scale up/down, host move, image change, re-create (${REPS}x)`,
+  ...opts,
+  async fn() {
+    const rs = await changeScenario(REPS);
     assert.deepEqual(failures(rs), []);
   },
 });

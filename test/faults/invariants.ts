@@ -20,7 +20,7 @@ import { EXPORTER_SETS, EXPORTERS, JUMPSTARTER_LEASES, VIRTUAL_TARGET_CLASSES } 
 import { HOST_ANNOTATION, ownerSetName } from "../../src/provision/marks.ts";
 import { seedExample, waitFor } from "../env.ts";
 import type { LabHost } from "../labhost/labhost.ts";
-import { type FaultWorld, type Outcome, outcomes, secondsSince, SET, sh, sleep } from "./world.ts";
+import { FaultWorld, type Outcome, outcomes, secondsSince, SET, sh, sleep } from "./world.ts";
 
 export interface InvariantReport {
   ok: boolean;
@@ -215,6 +215,24 @@ export async function checkInvariants(
     desired: v?.desired ?? 0,
     live: v?.live.length ?? 0,
   };
+}
+
+/**
+ * A fault world seeded with the set at 1 (FaultWorld.LOW), its controller started, and the invariants holding before
+ * any trial; stopped again (logs kept) if that baseline does not hold.
+ */
+export async function settledWorld(prefix: string): Promise<FaultWorld> {
+  const w = await FaultWorld.create({ prefix });
+  try {
+    await w.seed((s) => Object.assign(s.spec, FaultWorld.LOW));
+    await w.controller.start();
+    const base = await checkInvariants(w);
+    if (!base.ok) throw new Error(`baseline did not hold: ${base.violations.join("; ")}`);
+    return w;
+  } catch (e) {
+    await w.stop({ keepLogs: true });
+    throw e;
+  }
 }
 
 /** Scenario-specific expectations a trial collects besides the invariants (each failure is a message). */

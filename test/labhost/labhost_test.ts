@@ -128,10 +128,10 @@ Deno.test({
       assert.match(r.stderr, /Host key verification failed|No .* host key is known/);
     });
 
-    await t.step("podman >= 4.4 with quadlet, /dev/kvm and stand-in images", async () => {
+    await t.step("podman >= 5.3 with quadlet, /dev/kvm and stand-in images", async () => {
       for (const h of hosts) {
         const v = await sh(h, "podman --version");
-        assert.ok(versionAtLeast(v, [4, 4]), v);
+        assert.ok(versionAtLeast(v, [5, 3]), v);
         await sh(h, "test -x /usr/lib/systemd/system-generators/podman-system-generator");
         await sh(h, "test -c /dev/kvm");
         const images = await sh(h, "podman images --format '{{.Repository}}:{{.Tag}}'");
