@@ -17,7 +17,7 @@ import { fieldErrorLine } from "./params.ts";
 import { type ExporterView, plan, selectorString, withDefaults } from "./plan.ts";
 import { retryAfterMs } from "./problems.ts";
 import { computeStatus, type ExporterState, type Problem, type StatusInput } from "./status.ts";
-import { cachedSetTarget, TARGET_ANNOTATION } from "./targets.ts";
+import { cachedSetTarget } from "./targets.ts";
 import { finalize, orphaned } from "./teardown.ts";
 import { act, lastStatus, pendingCreates, writeStatus } from "./writes.ts";
 
