@@ -96,16 +96,15 @@ async function deploy(
   const leases = ctx.caches.leases.list(ns);
   const holder = leaseHolding(e, leases);
   const lease = leaseState(e, leases);
-  // A leased instance is not moved; one whose lease ended is about to be replaced (ExitAndReplace), not moved.
-  const replaced = lease === "ended" && withDefaults(set.spec).recycleStrategy === "ExitAndReplace";
-  if (previous && previous !== where && (holder || replaced)) {
-    const from = parseTarget(previous, target).host;
-    if (holder) outdated.push({ name, lease: holder, what: `stays on ${from} until lease ${holder} ends` });
-    return ctx.applied.get(e.metadata.uid!);
-  }
   if (previous && previous !== where) {
-    // The set now points at another host: remove the instance from the old one before deploying anew.
     const from = parseTarget(previous, target);
+    // A leased instance is not moved; one whose lease ended is about to be replaced (ExitAndReplace), not moved.
+    const replaced = lease === "ended" && withDefaults(set.spec).recycleStrategy === "ExitAndReplace";
+    if (holder || replaced) {
+      if (holder) outdated.push({ name, lease: holder, what: `stays on ${from.host} until lease ${holder} ends` });
+      return ctx.applied.get(e.metadata.uid!);
+    }
+    // The set now points at another host: remove the instance from the old one before deploying anew.
     await ctx.hosts.remove(from, name, e.metadata.uid).catch((err) => {
       throw new LeftBehind(previous, err);
     });
