@@ -4,6 +4,7 @@
  * production image tag, and a user leases the target with `jmp shell`. The seed's Secret, class and ExporterSet are
  * applied as written, in the seed's namespace.
  */
+import { builtPath } from "./built.ts";
 import assert from "node:assert/strict";
 import { Buffer } from "node:buffer";
 import { privateLabNet, seedExample, testEnv, waitFor } from "./env.ts";
@@ -25,19 +26,6 @@ const EXPORTER_IMAGE = "quay.io/jumpstarter-dev/jumpstarter:latest";
 const ROOT = new URL("../", import.meta.url).pathname;
 const opts = { sanitizeOps: false, sanitizeResources: false, ignore: Deno.uid() !== 0 };
 const secs = (t0: number) => `${((performance.now() - t0) / 1000).toFixed(1)} s`;
-
-/** Runs one of the build scripts (cached after the first run) and returns the path its last line prints. */
-async function built(script: string, ...args: string[]): Promise<string> {
-  const out = await new Deno.Command("bash", {
-    args: [`${ROOT}${script}`, ...args],
-    stdout: "piped",
-    stderr: "inherit",
-  })
-    .output();
-  const path = new TextDecoder().decode(out.stdout).trim().split("\n").pop() ?? "";
-  if (!out.success || !path) throw new Error(`${script} failed (exit ${out.code})`);
-  return path;
-}
 
 async function run(cmd: string, args: string[], env: Record<string, string> = {}, timeoutMs = 240_000) {
   const out = await new Deno.Command(cmd, {
@@ -74,8 +62,8 @@ Deno.test(
     const env = await testEnv();
     const t0 = performance.now();
     const [image, jmp, marker] = await Promise.all([
-      built("test/jumpstarter/image.sh"),
-      built("test/jumpstarter/jmp.sh"),
+      builtPath(`${ROOT}test/jumpstarter/image.sh`),
+      builtPath(`${ROOT}test/jumpstarter/jmp.sh`),
       Deno.makeTempDir({ prefix: "qsp-real-" }),
     ]);
     console.log(`  images and client ready after ${secs(t0)}`);

@@ -14,6 +14,7 @@
  * lease:  marks an idle exporter leased, as Jumpstarter does for `jmp lease`.
  * down:   stops everything `up` and `demo` started, by process id.
  */
+import { builtPath } from "./built.ts";
 import { parseArgs } from "node:util";
 import { Buffer } from "node:buffer";
 import { startControlPlane, stopControlPlane } from "./controlplane/controlplane.ts";
@@ -106,7 +107,7 @@ async function up(hosts: number): Promise<LabHost[]> {
     await Deno.copyFile(cp.kubeconfigPath, kubeconfig);
     return await KubeClient.load(kubeconfig);
   })();
-  const images = REAL ? [{ tarball: await builtPath("test/jumpstarter/image.sh"), tag: EXPORTER_IMAGE }] : [];
+  const images = REAL ? [{ tarball: await builtPath(`${ROOT}test/jumpstarter/image.sh`), tag: EXPORTER_IMAGE }] : [];
   const labhosts = await startLabHosts({ ...LAB, images }, hosts);
   await Deno.writeTextFile(`${DIR}/labhosts.json`, JSON.stringify(labhosts, null, 2) + "\n");
   let env = `KUBECONFIG=${kubeconfig}\nLABHOSTS=${DIR}/labhosts.json\n`;
@@ -123,15 +124,6 @@ async function up(hosts: number): Promise<LabHost[]> {
   return labhosts;
 }
 
-/** Runs a build script of test/jumpstarter (cached after the first run); its last line is the path it built. */
-async function builtPath(script: string): Promise<string> {
-  const out = await new Deno.Command("bash", { args: [script], cwd: ROOT, stdout: "piped", stderr: "inherit" })
-    .output();
-  const path = new TextDecoder().decode(out.stdout).trim().split("\n").pop();
-  if (!out.success || !path) throw new Error(`${script} failed (exit ${out.code})`);
-  return path;
-}
-
 /**
  * Once the real controller has published its CA: a Jumpstarter client (`jmp admin create client`) and the lines of
  * .sandbox/env that let anyone lease from the shell: `$JMP shell --client-config $JMP_CLIENT_CONFIG -l ...`.
@@ -141,7 +133,7 @@ async function realClient(client: KubeClient, kubeconfig: string): Promise<strin
     what: `the real Jumpstarter controller (log: .sandbox/jumpstarter/) to publish its CA`,
     timeoutMs: 900_000,
   });
-  const jmp = await builtPath("test/jumpstarter/jmp.sh");
+  const jmp = await builtPath(`${ROOT}test/jumpstarter/jmp.sh`);
   const config = `${DIR}/client.yaml`;
   if (!await Deno.stat(config).catch(() => undefined)) {
     const out = await new Deno.Command(jmp, {

@@ -2,6 +2,8 @@
 // The controller-manager runs only the garbage collector and the namespace controller: ownerReferences and namespace
 // deletion behave as in a cluster, and nothing else acts behind the tests' backs.
 
+import { builtPath } from "../built.ts";
+
 export interface ControlPlane {
   dir: string;
   server: string;
@@ -21,14 +23,7 @@ type Component = typeof COMPONENTS[number];
 
 const buildScript = new URL("./build.sh", import.meta.url).pathname;
 
-export async function controlPlaneBinaries(): Promise<string> {
-  // stderr is inherited so a cold build (minutes) shows its progress instead of looking hung.
-  const out = await new Deno.Command("bash", { args: [buildScript], stdout: "piped", stderr: "inherit" }).output();
-  const lines = new TextDecoder().decode(out.stdout).trim().split("\n");
-  const binDir = lines[lines.length - 1]?.trim();
-  if (!out.success || !binDir) throw new Error(`${buildScript} failed (exit ${out.code})`);
-  return binDir;
-}
+export const controlPlaneBinaries = (): Promise<string> => builtPath(buildScript);
 
 export interface ControlPlaneOptions {
   dir: string;

@@ -7,6 +7,7 @@
  * publishes them nowhere; this module reads them off the ports and writes them to the ConfigMap that exporters take
  * their CA bundle from.
  */
+import { builtPath } from "../built.ts";
 import { Buffer } from "node:buffer";
 import http2 from "node:http2";
 import { parse } from "yaml";
@@ -51,14 +52,7 @@ export interface RealJumpstarter {
 
 const buildScript = new URL("./build.sh", import.meta.url).pathname;
 
-export async function jumpstarterBinaries(): Promise<string> {
-  // stderr is inherited so a cold build (minutes) shows its progress instead of looking hung.
-  const out = await new Deno.Command("bash", { args: [buildScript], stdout: "piped", stderr: "inherit" }).output();
-  const lines = new TextDecoder().decode(out.stdout).trim().split("\n");
-  const binDir = lines[lines.length - 1]?.trim();
-  if (!out.success || !binDir) throw new Error(`${buildScript} failed (exit ${out.code})`);
-  return binDir;
-}
+export const jumpstarterBinaries = (): Promise<string> => builtPath(buildScript);
 
 /** Resolves once CA_CONFIGMAP holds the running certificates and the controller verifies exporter tokens. */
 export async function startRealJumpstarter(opts: RealJumpstarterOptions): Promise<RealJumpstarter> {
