@@ -1,153 +1,49 @@
 /**
  * qemu-ssh-provisioner: the qemu-ssh.jumpstarter.dev provisioner for Jumpstarter ExporterSets.
  *
- * The Jumpstarter operator starts the image's /exporter-set-controller with flags only, so flags alone mean `run`.
+ * A launcher. The process starts with broad permissions (scripts/permissions.sh) because what it must reach is
+ * known only from the deployment's flags and environment: the API server, the lab hosts, the listeners. It decides
+ * that set (src/cli/permissions.ts) and runs the command in a Worker narrowed to it; no npm code is loaded out here.
+ * This module is its own Worker, so the air-gapped bundle and the compiled binary stay one file.
  */
-import { parseArgs } from "node:util";
-import { PROVISIONER } from "./src/api/types.ts";
-import { crdFiles } from "./src/api/crds.ts";
-import { runController } from "./src/run.ts";
-import { parseHostAliases } from "./src/host/lab.ts";
-import { renderCommand } from "./src/cli/render.ts";
-import { doctorCommand } from "./src/cli/doctor.ts";
+import { commandPermissions, type Facts } from "./src/cli/permissions.ts";
 
-export const VERSION = "0.1.0";
-
-const USAGE = `qemu-ssh-provisioner ${VERSION}: runs Jumpstarter QEMU targets on lab hosts over SSH
-
-usage: qemu-ssh-provisioner [run] [flags]     run the controller (the default)
-       qemu-ssh-provisioner crds              print the CustomResourceDefinitions
-       qemu-ssh-provisioner render ...        print the files run would write on a lab host (offline; --help)
-       qemu-ssh-provisioner doctor ...        check a lab host the way run uses it (--help)
-       qemu-ssh-provisioner version | --version
-
-run flags:
-  --provisioner NAME                  provisioner to serve (default ${PROVISIONER})
-  --kubeconfig PATH                   kubeconfig (default: in-cluster, then $KUBECONFIG, then ~/.kube/config)
-  --namespace NS                      watch only NS (default: $NAMESPACE; empty = all namespaces)
-  --leader-elect                      elect a leader among replicas (Lease in the namespace)
-  --health-probe-bind-address ADDR    /healthz, /readyz, /metrics (default :8081; 0 disables)
-  --metrics-bind-address ADDR         a separate /metrics listener (default 0: metrics are on the health port)
-  --log-level debug|info|warn|error   (default info; --zap-log-level is taken too)
-  --log-format text|json              (default text)
-  --resync SECONDS                    re-apply every instance at least this often (default 300); problems are
-                                      retried after 30 s (10 s while a host is unreachable), or this if shorter
-  --sweep-interval SECONDS            look for orphaned instances on the lab hosts this often (default 300)
-  --host-alias NAME=ADDRESS           connect to ADDRESS for lab host NAME (like a Pod's hostAliases; host keys
-                                      are still checked under NAME); repeatable
-`;
-
-export class UsageError extends Error {}
-
-export async function main(argv: string[]): Promise<number> {
-  const [first] = argv;
-  const command = first && !first.startsWith("-") ? first : "run";
-  const rest = command === first ? argv.slice(1) : argv;
-  // these two have their own --help and usage errors
-  if (command === "render") return await renderCommand(rest);
-  if (command === "doctor") return await doctorCommand(rest);
-  if (argv.includes("--version")) {
-    console.log(VERSION);
-    return 0;
-  }
-  if (argv.includes("--help") || argv.includes("-h") || command === "help") {
-    console.log(USAGE);
-    return 0;
-  }
-  switch (command) {
-    case "version":
-      console.log(VERSION);
-      return 0;
-    case "crds":
-      noArgs(rest, "crds");
-      await Deno.stdout.write(new TextEncoder().encode(crdFiles().map((f) => f.yaml).join("---\n")));
-      return 0;
-    case "run":
-      return await runController(parseRunFlags(rest));
-    default:
-      throw new UsageError(`unknown command "${command}"`);
-  }
+interface Start {
+  argv: string[];
+  permissions: Deno.PermissionOptionsObject;
 }
 
-function noArgs(args: string[], cmd: string) {
-  if (args.length) throw new UsageError(`${cmd} takes no arguments, got: ${args.join(" ")}`);
-}
-
-export function parseRunFlags(args: string[]) {
-  const { values, positionals } = parseArgs({
-    args,
-    strict: true,
-    allowPositionals: true,
-    options: {
-      provisioner: { type: "string", default: PROVISIONER },
-      kubeconfig: { type: "string" },
-      namespace: { type: "string" },
-      "leader-elect": { type: "boolean", default: false },
-      "health-probe-bind-address": { type: "string", default: ":8081" },
-      "metrics-bind-address": { type: "string", default: "0" },
-      "log-level": { type: "string" },
-      // kubebuilder's name for it, which people carry over from other controllers' Deployments
-      "zap-log-level": { type: "string" },
-      "log-format": { type: "string", default: "text" },
-      resync: { type: "string", default: "300" },
-      "sweep-interval": { type: "string", default: "300" },
-      "host-alias": { type: "string", multiple: true, default: [] },
-    },
-  });
-  if (positionals.length) throw new UsageError(`unexpected argument "${positionals[0]}"`);
-  const level = values["log-level"] ?? zapLevel(values["zap-log-level"]) ?? "info";
-  if (!["debug", "info", "warn", "error"].includes(level)) {
-    throw new UsageError(`--log-level: unknown level "${level}"`);
-  }
-  const format = values["log-format"];
-  if (format !== "text" && format !== "json") throw new UsageError(`--log-format must be text or json`);
-  const resync = seconds(values.resync, "--resync");
-  const sweep = seconds(values["sweep-interval"], "--sweep-interval");
-  let hostAliases: Record<string, string>;
-  try {
-    hostAliases = parseHostAliases(values["host-alias"]);
-  } catch (e) {
-    throw new UsageError((e as Error).message);
-  }
-  return {
-    hostAliases,
-    provisioner: values.provisioner,
-    kubeconfig: values.kubeconfig,
-    namespace: values.namespace ?? (Deno.env.get("NAMESPACE") || undefined),
-    leaderElect: values["leader-elect"],
-    healthAddress: values["health-probe-bind-address"],
-    metricsAddress: values["metrics-bind-address"],
-    logLevel: level as "debug" | "info" | "warn" | "error",
-    logFormat: format as "text" | "json",
-    resyncMs: resync * 1000,
-    sweepMs: sweep * 1000,
+if ("WorkerGlobalScope" in globalThis) {
+  const scope = globalThis as unknown as {
+    onmessage: ((e: MessageEvent<Start>) => void) | null;
+    postMessage(code: number): void;
   };
-}
-
-/** zap's levels: debug, info, error, panic, or a number of debug verbosity. */
-function zapLevel(v: string | undefined): string | undefined {
-  if (v === undefined) return undefined;
-  if (v === "panic") return "error";
-  if (/^[1-9][0-9]*$/.test(v)) return "debug";
-  if (!["debug", "info", "error"].includes(v)) throw new UsageError(`--zap-log-level: unknown level "${v}"`);
-  return v;
-}
-
-function seconds(value: string, flag: string): number {
-  const n = Number(value);
-  if (!Number.isFinite(n) || n < 1) throw new UsageError(`${flag} must be a number of seconds >= 1`);
-  return n;
-}
-
-if (import.meta.main) {
-  try {
-    Deno.exit(await main(Deno.args));
-  } catch (e) {
-    if (e instanceof UsageError || (e as { code?: string }).code?.startsWith("ERR_PARSE_ARGS")) {
-      console.error(`error: ${(e as Error).message}\n\n${USAGE}`);
-      Deno.exit(2);
-    }
-    console.error(`error: ${e instanceof Error ? e.message : e}`);
+  scope.onmessage = async (e) => {
+    scope.onmessage = null;
+    const { cli } = await import("./src/cli/main.ts");
+    scope.postMessage(await cli(e.data.argv, e.data.permissions));
+  };
+} else if (import.meta.main) {
+  const facts: Facts = {
+    env: Deno.env.toObject(),
+    home: Deno.env.get("HOME"),
+    readFile(path) {
+      try {
+        return Deno.readTextFileSync(path);
+      } catch {
+        return undefined;
+      }
+    },
+    // the source tree for `deno run main.ts`; the file itself for the bundle
+    code: import.meta.url.endsWith(".ts") ? new URL(".", import.meta.url).pathname : import.meta.filename!,
+  };
+  const permissions = commandPermissions(Deno.args, facts);
+  const worker = new Worker(import.meta.url, { type: "module", name: "qemu-ssh-provisioner", deno: { permissions } });
+  worker.onmessage = (e: MessageEvent<number>) => Deno.exit(e.data);
+  worker.onerror = (e) => {
+    e.preventDefault();
+    console.error(`error: ${e.message}`);
     Deno.exit(1);
-  }
+  };
+  worker.postMessage({ argv: Deno.args, permissions } satisfies Start);
 }

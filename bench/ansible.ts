@@ -55,6 +55,7 @@ function inventory(p: Placement) {
       qsp_files: ls.flatMap((l) => l.files),
       qsp_links: ls.flatMap((l) => l.links),
       qsp_volumes: ls.map((l) => l.volume),
+      qsp_volume_options: ls[0]?.volumeOptions ?? [],
       qsp_units: ls.flatMap((l) => l.units),
       qsp_remove: ls.flatMap((l) => l.remove),
     };

@@ -3,7 +3,7 @@
  * one interface, one way to time them, and the plain file/directory/unit layout of an instance that the
  * non-provisioner deployers put in place by their own means.
  */
-import { configMountDir, type RenderedInstance } from "../src/host/render.ts";
+import { configMountDir, EXPORTER_UID, type RenderedInstance } from "../src/host/render.ts";
 import type { Placement } from "./fleet.ts";
 import type { HostProbe } from "./hosts.ts";
 
@@ -48,12 +48,17 @@ export async function measure(d: Deployer, p: Placement, probe: HostProbe): Prom
 
 /** One instance as plain filesystem and systemd work, in the order a person would do it. */
 export interface Layout {
-  /** Directories to create, with their modes (the config's directories are private: it holds the token). */
-  dirs: { path: string; mode: string }[];
-  files: { path: string; content: string; mode: string }[];
+  /**
+   * Directories to create, with their modes and owners (the config's directory is private, and the exporter's user's:
+   * it holds the token and the container mounts it).
+   */
+  dirs: { path: string; mode: string; owner: number }[];
+  files: { path: string; content: string; mode: string; owner: number }[];
   /** Hard links to files (the config's top-level name). */
   links: { src: string; dest: string }[];
   volume: string;
+  /** `podman volume create` options: the shared volume belongs to the exporter's user, like a pod's emptyDir. */
+  volumeOptions: string[];
   /** Start order: runtime, then exporter. */
   units: string[];
   /** Everything teardown deletes (files, links, the instance's config directory). */
@@ -64,18 +69,21 @@ const octal = (mode: number) => `0${mode.toString(8)}`;
 const dirOf = (p: string) => p.slice(0, p.lastIndexOf("/"));
 
 export function layout(r: RenderedInstance): Layout {
-  const dirs = new Map<string, string>();
+  const dirs = new Map<string, { mode: string; owner: number }>();
   for (const f of r.files) {
     for (const p of [f.path, ...f.links]) {
-      if (f.secret || !dirs.has(dirOf(p))) dirs.set(dirOf(p), f.secret ? "0700" : "0755");
+      if (f.secret || !dirs.has(dirOf(p))) {
+        dirs.set(dirOf(p), f.secret ? { mode: "0700", owner: p === f.path ? f.owner : 0 } : { mode: "0755", owner: 0 });
+      }
     }
   }
   const links = r.files.flatMap((f) => f.links.map((dest) => ({ src: f.path, dest })));
   return {
-    dirs: [...dirs].map(([path, mode]) => ({ path, mode })),
-    files: r.files.map((f) => ({ path: f.path, content: f.content, mode: octal(f.mode) })),
+    dirs: [...dirs].map(([path, d]) => ({ path, ...d })),
+    files: r.files.map((f) => ({ path: f.path, content: f.content, mode: octal(f.mode), owner: f.owner })),
     links,
     volume: r.volume,
+    volumeOptions: ["--opt", `o=uid=${EXPORTER_UID},gid=${EXPORTER_UID}`],
     units: [r.units.runtime, r.units.exporter],
     remove: [
       ...r.files.filter((f) => !f.secret).map((f) => f.path),

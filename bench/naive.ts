@@ -14,13 +14,14 @@ export function deployCommands(l: Layout): string[] {
   const b64 = (s: string) => Buffer.from(s, "utf8").toString("base64");
   return [
     `mkdir -p ${l.dirs.map((d) => q(d.path)).join(" ")} && ${
-      l.dirs.map((d) => `chmod ${d.mode} ${q(d.path)}`).join(" && ")
+      l.dirs.map((d) => `chmod ${d.mode} ${q(d.path)} && chown ${d.owner}:${d.owner} ${q(d.path)}`).join(" && ")
     }`,
     ...l.files.map((f) =>
-      `umask 077 && printf %s ${q(b64(f.content))} | base64 -d >${q(f.path)} && chmod ${f.mode} ${q(f.path)}`
+      `umask 077 && printf %s ${q(b64(f.content))} | base64 -d >${q(f.path)} && chmod ${f.mode} ${q(f.path)} && ` +
+      `chown ${f.owner}:${f.owner} ${q(f.path)}`
     ),
     ...l.links.map((k) => `ln -f ${q(k.src)} ${q(k.dest)}`),
-    `podman volume create --ignore ${q(l.volume)}`,
+    `podman volume create --ignore ${l.volumeOptions.map(q).join(" ")} ${q(l.volume)}`,
     "systemctl daemon-reload",
     ...l.units.map((u) => `systemctl start ${q(u)}`),
     `systemctl is-active ${l.units.map(q).join(" ")}`,

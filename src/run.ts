@@ -1,5 +1,12 @@
 /** `run`: the controller process: clients, leader election, health, signals, graceful shutdown. */
-import { KubeClient, KubeError, type Resource } from "./kube/client.ts";
+import {
+  type ClientOptions,
+  KubeClient,
+  KubeconfigError,
+  KubeConnectError,
+  KubeError,
+  type Resource,
+} from "./kube/client.ts";
 import { acquireLeadership, fencedApi, type Leadership } from "./kube/leader.ts";
 import { createLogger, type Level } from "./observe/log.ts";
 import { Metrics } from "./observe/metrics.ts";
@@ -21,11 +28,18 @@ export interface RunOptions {
   logFormat: "text" | "json";
   resyncMs: number;
   sweepMs: number;
+  /** --lab-hosts as given: the network permission already enforces it; named here in refusals. */
+  labHosts: string;
   hostAliases: Record<string, string>;
+  warnings: string[];
+  /** What the launcher (main.ts) granted this process's Worker. */
+  permissions?: Deno.PermissionOptionsObject;
 }
 
 export async function runController(o: RunOptions): Promise<number> {
   const log = createLogger({ level: o.logLevel, format: o.logFormat });
+  for (const w of o.warnings) log.warn(w);
+  log.debug("permissions", { ...o.permissions });
   const client = await loadClient(o.kubeconfig);
   const metrics = new Metrics();
   const shutdown = new AbortController();
@@ -59,7 +73,7 @@ export async function runController(o: RunOptions): Promise<number> {
   ], "counter");
   const controller = new Controller({
     client,
-    hosts: new LabHosts(pool, { hostAliases: o.hostAliases, metrics, fence: fence.signal }),
+    hosts: new LabHosts(pool, { hostAliases: o.hostAliases, labHosts: o.labHosts, metrics, fence: fence.signal }),
     log,
     provisioner: o.provisioner,
     namespace: o.namespace,
@@ -114,11 +128,16 @@ export async function runController(o: RunOptions): Promise<number> {
   }
 }
 
-async function loadClient(kubeconfig?: string): Promise<KubeClient> {
-  const source = kubeconfig ?? Deno.env.get("KUBECONFIG") ?? "in-cluster config or ~/.kube/config";
+/**
+ * The client, or one line naming what is wrong and how to fix it (client.ts's KubeconfigError names the kubeconfig
+ * file, the context and the file or field at fault; "no kubeconfig found" lists the places tried). `opts` is for tests.
+ */
+export async function loadClient(kubeconfig?: string, opts?: ClientOptions): Promise<KubeClient> {
   try {
-    return await KubeClient.load(kubeconfig);
+    return await KubeClient.load(kubeconfig, opts);
   } catch (e) {
+    if (e instanceof KubeconfigError) throw new Error(e.message);
+    const source = kubeconfig ?? "$KUBECONFIG, ~/.kube/config or the in-cluster config";
     throw new Error(`cannot load the kubeconfig (${source}): ${e instanceof Error ? e.message : e}`);
   }
 }
@@ -127,18 +146,26 @@ async function loadClient(kubeconfig?: string): Promise<KubeClient> {
  * One read of every resource the controller watches, so a wrong server, missing CRDs or missing rights fail at
  * start with one message naming what is wrong, instead of informers retrying quietly forever.
  */
-async function preflight(
+export async function preflight(
   client: KubeClient,
   watched: Resource[],
   namespace: string | undefined,
-  kubeconfig?: string,
+  _kubeconfig?: string,
 ): Promise<void> {
   const where = namespace ? `in namespace ${namespace}` : "cluster-wide";
+  const s = client.source;
+  const from = s.inCluster ? `in-cluster config, ${s.path}` : `kubeconfig ${s.path}, context "${s.context}"`;
   for (const r of watched) {
     try {
       await client.list(r, namespace, { limit: 1 });
     } catch (e) {
       const what = `${r.plural}${r.group ? `.${r.group}` : ""}`;
+      if (e instanceof KubeError && e.status === 401) {
+        throw new Error(
+          `the API server at ${client.server} rejected the credentials of user "${s.user}" (${from}): ` +
+            `${e.message}: renew the token or client certificate`,
+        );
+      }
       if (e instanceof KubeError && e.status === 403) {
         throw new Error(`forbidden to list ${what} ${where}: grant the Role in manifests/role.yaml to this identity`);
       }
@@ -146,10 +173,31 @@ async function preflight(
         throw new Error(`the API server at ${client.server} does not serve ${what}: install the CRDs (crds/)`);
       }
       if (e instanceof KubeError) throw new Error(`listing ${what} ${where}: ${e.message}`);
-      const source = kubeconfig ? ` (server from ${kubeconfig})` : "";
-      throw new Error(
-        `cannot reach the API server at ${client.server}${source}: ${e instanceof Error ? e.message : e}`,
-      );
+      // an exec credential plugin or a tokenFile that failed: the message names them already
+      if (e instanceof KubeconfigError) throw new Error(e.message);
+      const unreachable = `cannot reach the API server ${client.server} (${from})`;
+      if (e instanceof DOMException && e.name === "TimeoutError") {
+        throw new Error(
+          `${unreachable}: ${e.message}: check the address, firewalls and proxy-url or HTTPS_PROXY (timeout)`,
+        );
+      }
+      if (e instanceof KubeConnectError) {
+        const fix = e.code === "ECONNREFUSED"
+          ? "is the API server running, and is the cluster's server address right?"
+          : e.code === "ENOTFOUND" || e.code === "EAI_AGAIN"
+          ? "check the host name in the cluster's server (or proxy-url) and DNS"
+          : e.code === "ETIMEDOUT"
+          ? "check the address, firewalls and proxy-url or HTTPS_PROXY"
+          : e.code === "EPROXY"
+          ? "check proxy-url, and that the proxy allows CONNECT to this host and port"
+          : e.code === "ERR_TLS_CERT_ALTNAME_INVALID"
+          ? "use a server address the certificate names, or set the cluster's tls-server-name to one of its names"
+          : e.tls
+          ? "set the cluster's certificate-authority(-data) to the CA that signed the server's certificate"
+          : "check the server address and the network";
+        throw new Error(`${unreachable}: ${e.message}: ${fix}`);
+      }
+      throw new Error(`${unreachable}: ${e instanceof Error ? e.message : e}`);
     }
   }
 }

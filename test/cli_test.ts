@@ -4,7 +4,7 @@
  */
 import assert from "node:assert/strict";
 import { testEnv } from "./env.ts";
-import { parseRunFlags } from "../main.ts";
+import { parseRunFlags } from "../src/cli/main.ts";
 
 const MAIN = new URL("../main.ts", import.meta.url).pathname;
 
@@ -39,13 +39,26 @@ Deno.test("cli: usage errors exit 2 with the usage; --help and version exit 0", 
   }
 });
 
-Deno.test("cli: kubebuilder's --zap-log-level is understood; --log-level wins", () => {
+Deno.test("cli: kubebuilder's --zap-* flags are understood or ignored with a warning; --log-level wins", () => {
   assert.equal(parseRunFlags([]).logLevel, "info");
   assert.equal(parseRunFlags(["--zap-log-level=debug"]).logLevel, "debug");
   assert.equal(parseRunFlags(["--zap-log-level=3"]).logLevel, "debug");
   assert.equal(parseRunFlags(["--zap-log-level=panic"]).logLevel, "error");
   assert.equal(parseRunFlags(["--zap-log-level=debug", "--log-level=warn"]).logLevel, "warn");
   assert.throws(() => parseRunFlags(["--zap-log-level=loud"]), /--zap-log-level: unknown level "loud"/);
+  assert.equal(parseRunFlags(["--zap-devel"]).logLevel, "debug");
+  assert.equal(parseRunFlags(["--zap-encoder=json"]).logFormat, "json");
+  assert.equal(parseRunFlags(["--zap-encoder=console"]).logFormat, "text");
+  const ignored = parseRunFlags(["--zap-stacktrace-level=error", "--zap-time-encoding=iso8601"]);
+  assert.deepEqual(ignored.warnings.map((w) => w.split(" ")[0]), ["--zap-stacktrace-level", "--zap-time-encoding"]);
+  assert.deepEqual(parseRunFlags([]).warnings, []);
+});
+
+Deno.test("cli: --lab-hosts is checked at start; the environment sets it for a Deployment", () => {
+  assert.equal(parseRunFlags([]).labHosts, "10.0.0.0/8:22,172.16.0.0/12:22,192.168.0.0/16:22");
+  assert.equal(parseRunFlags(["--lab-hosts=lab-host-01.example.com"]).labHosts, "lab-host-01.example.com");
+  assert.throws(() => parseRunFlags(["--lab-hosts=fd00::/8"]), /IPv6 ranges cannot be granted/);
+  assert.throws(() => parseRunFlags(["--lab-hosts=,"]), /--lab-hosts: the list is empty/);
 });
 
 Deno.test("cli: --resync and --sweep-interval set how often sets and hosts are looked at", () => {
@@ -73,13 +86,16 @@ Deno.test("cli: kubeconfig, server and RBAC problems are one clear line each", a
     const run = (kubeconfig: string) => cli("run", "--kubeconfig", kubeconfig, "--health-probe-bind-address=0");
     const missing = await run(`${dir}/nope`);
     assert.equal(missing.code, 1);
-    assert.match(missing.stderr, new RegExp(`^error: cannot load the kubeconfig \\(${dir}/nope\\)`));
+    assert.match(
+      missing.stderr,
+      new RegExp(`^error: cannot read kubeconfig ${dir}/nope \\(--kubeconfig\\): no such file`),
+    );
     assertNoTrace(missing.stderr);
 
     await Deno.writeTextFile(`${dir}/broken`, "clusters: [\n");
     const broken = await run(`${dir}/broken`);
     assert.equal(broken.code, 1);
-    assert.match(broken.stderr, /^error: cannot load the kubeconfig/);
+    assert.match(broken.stderr, new RegExp(`^error: kubeconfig ${dir}/broken is not valid YAML`));
 
     const listener = Deno.listen({ hostname: "127.0.0.1", port: 0 });
     const port = listener.addr.port;
@@ -96,7 +112,12 @@ current-context: x
     );
     const unreachable = await run(`${dir}/unreachable`);
     assert.equal(unreachable.code, 1);
-    assert.match(unreachable.stderr, new RegExp(`^error: cannot reach the API server at https://127.0.0.1:${port}`));
+    assert.match(
+      unreachable.stderr,
+      new RegExp(
+        `^error: cannot reach the API server https://127.0.0.1:${port} .*connection refused \\(ECONNREFUSED\\)`,
+      ),
+    );
     assertNoTrace(unreachable.stderr);
 
     const forbidden = await run((await testEnv()).userKubeconfigs.nobody);
@@ -109,4 +130,43 @@ current-context: x
   } finally {
     await Deno.remove(dir, { recursive: true });
   }
+});
+
+/** main.ts with `stdin` piped in, as `... | qemu-ssh-provisioner render -f -` runs it. */
+async function cliStdin(stdin: string, ...args: string[]) {
+  const p = new Deno.Command(Deno.execPath(), {
+    args: ["run", "-A", MAIN, ...args],
+    stdin: "piped",
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+  const w = p.stdin.getWriter();
+  await w.write(new TextEncoder().encode(stdin));
+  await w.close();
+  const out = await p.output();
+  const dec = new TextDecoder();
+  return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
+}
+
+Deno.test("cli: render -f - reads the manifests from stdin; -o json prints them as data", async () => {
+  const path = (f: string) => new URL(`../manifests/examples/${f}`, import.meta.url).pathname;
+  const [cls, set] = [path("virtualtargetclass.yaml"), path("exporterset.yaml")];
+  const manifests = `${Deno.readTextFileSync(cls)}---\n${Deno.readTextFileSync(set)}`;
+  const piped = await cliStdin(manifests, "render", "-f", "-");
+  assert.equal(piped.code, 0, piped.stderr);
+  const files = await cli("render", "-f", cls, "-f", set);
+  assert.equal(files.code, 0, files.stderr);
+  assert.equal(piped.stdout, files.stdout);
+  assert.match(piped.stdout, /^Pull=newer$/m, "the seed's :latest images, no pull policy stated");
+
+  const json = await cliStdin(manifests, "render", "-f", "-", "-o", "json");
+  assert.equal(json.code, 0, json.stderr);
+  const [one] = JSON.parse(json.stdout);
+  assert.equal(one.exporterSet, "jumpstarter/aarch64-ssh-pool");
+  assert.equal(one.files.length, 3);
+
+  const bad = await cliStdin("kind: [unclosed", "render", "-f", "-");
+  assert.equal(bad.code, 1);
+  assert.match(bad.stderr, /^<stdin>: document 1: /);
+  assertNoTrace(bad.stderr);
 });

@@ -4,9 +4,25 @@
  */
 import assert from "node:assert/strict";
 import { Buffer } from "node:buffer";
-import { freshNamespace, seedExample, testEnv } from "./env.ts";
-import type { LabHost } from "./labhost/labhost.ts";
-import { doctorCommand } from "../src/cli/doctor.ts";
+import { freshNamespace, seedExample, testEnv, waitFor } from "./env.ts";
+import { hostExec, type LabHost } from "./labhost/labhost.ts";
+import { doctorCommand, type DoctorJson } from "../src/cli/doctor.ts";
+import {
+  applySeed,
+  cond,
+  directTarget,
+  events,
+  exporters,
+  getSet,
+  hostHas,
+  sh,
+  waitReady,
+  world,
+} from "./e2e_world.ts";
+import { SshPool } from "../src/host/ssh.ts";
+import { LabHosts } from "../src/host/lab.ts";
+import { renderInstance } from "../src/host/render.ts";
+import { seedInstance } from "./fixtures.ts";
 import { fingerprint } from "../src/host/known_hosts.ts";
 import { KubeClient } from "../src/kube/client.ts";
 import { EXPORTER_SETS, SECRETS, VIRTUAL_TARGET_CLASSES } from "../src/kube/resources.ts";
@@ -177,6 +193,157 @@ Deno.test({
   },
 });
 
+Deno.test({
+  name: "doctor -o json: one object with the host, ready, and each check's name, status, detail and fix",
+  async fn() {
+    const [h] = (await testEnv()).labhosts;
+    const ok = await doctor(direct(h, "-o", "json"));
+    assert.equal(ok.code, 0, ok.text);
+    const report = JSON.parse(ok.text) as DoctorJson;
+    assert.equal(report.host, `root@${h.address}:22`);
+    assert.equal(report.ready, true);
+    const names = report.checks.map((c) => c.name);
+    for (const n of ["client key", "tcp", "host key", "login", "rights", "systemd", "podman", "quadlet", "kvm"]) {
+      assert.ok(names.includes(n), `no "${n}" check: ${names}`);
+    }
+    for (const c of report.checks) {
+      assert.deepEqual(Object.keys(c), ["name", "status", "detail", "fix"]);
+      assert.equal(c.status, "ok", JSON.stringify(c));
+      assert.deepEqual(c.fix, []);
+    }
+    assert.match(report.checks.find((c) => c.name === "podman")!.detail, /^podman [5-9]\./);
+
+    const bad = await doctor(direct(h, "--user", "nosuchuser", "--output", "json"));
+    assert.equal(bad.code, 1, bad.text);
+    const failed = JSON.parse(bad.text) as DoctorJson;
+    assert.equal(failed.ready, false);
+    const login = failed.checks.find((c) => c.name === "login")!;
+    assert.equal(login.status, "fail");
+    assert.match(login.detail, /authentication refused/);
+    assert.equal(login.fix.length, 1);
+    assert.match(login.fix[0], /^on the host, add to ~nosuchuser\/\.ssh\/authorized_keys: ssh-ed25519 AAAA/);
+  },
+});
+
+// ---------------------------------------------------------------- Podman older than 5.3, faked
+
+/**
+ * A stand-in `podman` in /usr/local/bin, first in the PATH of both the SSH session and the host scripts, that claims
+ * VERSION and passes everything else to the real one: a Podman 5.4 lab host that says it is older.
+ */
+async function fakePodmanVersion(h: LabHost, version: string): Promise<void> {
+  const wrapper = [
+    "#!/bin/sh",
+    "# test double (test/doctor_test.ts): claims an old podman version",
+    `case "$1" in --version | -v) echo "podman version ${version}"; exit 0 ;; esac`,
+    'exec /usr/bin/podman "$@"',
+    "",
+  ].join("\n");
+  await sh(h, `echo ${btoa(wrapper)} | base64 -d >/usr/local/bin/podman && chmod 755 /usr/local/bin/podman`);
+  assert.equal((await sh(h, "podman --version")).trim(), `podman version ${version}`);
+}
+const realPodman = (h: LabHost) => sh(h, "rm -f /usr/local/bin/podman");
+
+Deno.test({
+  name: "Podman floor, faked versions (a wrapper first in PATH): doctor and deploy agree on 4.4/4.9/5.2 vs 5.3+",
+  sanitizeResources: false,
+  sanitizeOps: false,
+  async fn() {
+    const [h] = (await testEnv()).labhosts;
+    const name = "podman-floor-x1";
+    const rendered = renderInstance(seedInstance({ name, uid: crypto.randomUUID(), namespace: "podman-floor" }));
+    const rtQuadlet = `/etc/containers/systemd/${name}-runtime.container`;
+    const pool = new SshPool({});
+    const target = await directTarget(h);
+    const table: string[] = [];
+    try {
+      // a file a person made where the apply would write: past the version check, the apply stops at the
+      // ownership step (not-owned), so no version gets an instance deployed
+      await sh(h, `echo '# made by hand' >${rtQuadlet}`);
+      for (
+        const [version, refused] of [
+          ["4.4.1", true],
+          ["4.9.3", true],
+          ["5.2.5", true],
+          ["5.3.0-rc1", false],
+          ["5.3.0", false],
+          ["5.4.2", false],
+          ["6.0.0", false],
+        ] as const
+      ) {
+        await fakePodmanVersion(h, version);
+        const apply = await new LabHosts(pool).apply(target, rendered, { kvmRequired: false, keepExited: false });
+        const d = await doctor(direct(h));
+        const podmanLine = d.check("podman")[0];
+        table.push(`${version.padEnd(10)} doctor: ${podmanLine.slice(0, 60)}... | apply: ${apply.errors[0]}`);
+        assert.equal(apply.errorCode, refused ? "podman-too-old" : "not-owned", `${version}: ${apply.errors}`);
+        assert.deepEqual(apply.changed, [], `${version}: nothing written`);
+        if (refused) {
+          assert.equal(apply.errors.length, 1);
+          assert.match(
+            apply.errors[0],
+            new RegExp(`^podman-too-old: podman ${version.replaceAll(".", "\\.")} is older`),
+          );
+          assert.equal(d.code, 1, d.text);
+          assert.match(podmanLine, new RegExp(`^✗ podman +podman ${version.replaceAll(".", "\\.")} is too old`));
+        } else {
+          assert.equal(d.code, 0, d.text);
+          assert.match(podmanLine, new RegExp(`^✓ podman +podman ${version.replaceAll(".", "\\.")}$`));
+        }
+      }
+      console.log(`  ${table.join("\n  ")}`);
+      // only the hand-made file: no config, no exporter quadlet, no volume
+      assert.equal((await sh(h, `ls /etc/containers/systemd/ | grep -c ${name} || true`)).trim(), "1");
+      assert.equal((await sh(h, `ls /etc/jumpstarter/exporters/ | grep -c ${name} || true`)).trim(), "0");
+      assert.equal((await sh(h, `podman volume ls -q | grep -c ${name} || true`)).trim(), "0");
+    } finally {
+      await realPodman(h);
+      await sh(h, `rm -f ${rtQuadlet}`);
+      await pool.close();
+    }
+  },
+});
+
+Deno.test({
+  name: "deploy on a faked Podman 4.9.3 (a wrapper first in PATH): PodmanTooOld on the set naming host, version and " +
+    "fix, a Warning event, nothing on the host; once podman is 5.4 again the set deploys",
+  sanitizeResources: false,
+  sanitizeOps: false,
+  async fn() {
+    const w = await world({ resyncMs: 5_000 });
+    try {
+      await fakePodmanVersion(w.host, "4.9.3");
+      await applySeed(w);
+      const degraded = await waitFor(async () => {
+        const c = cond(await getSet(w), "Degraded");
+        return c?.reason === "PodmanTooOld" ? c : undefined;
+      }, { what: "Degraded PodmanTooOld", timeoutMs: 60_000 });
+      assert.equal(degraded.status, "True");
+      assert.match(
+        degraded.message!,
+        /^aarch64-ssh-pool-\w+: on lab-host-01\.example\.com: podman-too-old: podman 4\.9\.3 is older than 5\.3: /,
+      );
+      assert.match(degraded.message!, /upgrade podman to 5\.3 or later/);
+      const warning = await waitFor(
+        async () => (await events(w)).find((e) => e.reason === "PodmanTooOld"),
+        { what: "a PodmanTooOld event" },
+      );
+      assert.equal(warning.type, "Warning");
+      assert.match(warning.message, /on lab-host-01\.example\.com: podman-too-old: podman 4\.9\.3/);
+      const [e] = await exporters(w);
+      assert.ok(e, "the Exporter is created; only its deploy waits");
+      assert.equal(await hostHas(w.host, e.metadata.name!), false, "no file, container, volume or unit on the host");
+
+      await realPodman(w.host);
+      await waitReady(w, 1, undefined, 60_000);
+      assert.notEqual(cond(await getSet(w), "Degraded")?.reason, "PodmanTooOld");
+    } finally {
+      await hostExec(w.host, "rm -f /usr/local/bin/podman");
+      await w.stop();
+    }
+  },
+});
+
 Deno.test("doctor: usage errors exit 2 with the usage and no stack trace; --help exits 0", async () => {
   const cases = [
     [],
@@ -189,6 +356,7 @@ Deno.test("doctor: usage errors exit 2 with the usage and no stack trace; --help
     ["--class", "c", "--namespace", "ns", "--key", "k"],
     ["--class", "c", "--namespace", "ns", "--host-alias", "h1"],
     ["--bogus"],
+    ["--host", "h1", "--key", "k", "-o", "yaml"],
   ];
   for (const args of cases) {
     const r = await doctor(args);

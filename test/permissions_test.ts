@@ -1,8 +1,10 @@
 /**
- * The production permission set (scripts/permissions.sh: what `deno task compile` bakes into the binary and
- * `deno task run:prod` uses) against the real thing: main.ts runs as a subprocess under exactly those flags, pointed
- * at the test control plane and a lab host, with the FakeJumpstarterController in this process. It must do the whole
- * job; and with the lab host left out of --allow-net it must say so in the set's status and its log, not deploy.
+ * The shipped permission set against the real thing. main.ts (or the air-gapped bundle) runs as a subprocess under
+ * exactly the launcher's flags (scripts/permissions.sh: what `deno task compile` bakes in, what `deno task run:prod`
+ * and `run:bundle` use), pointed at the test control plane (on 127.0.0.1: outside the 10.96.0.0/12 a baked set used to
+ * demand), at the seed's lab host by name (--lab-hosts lab-host-01.example.com, dialed at its --host-alias address)
+ * and with a health listener on a port of its own. The narrowed Worker must do the whole job; a lab host outside
+ * --lab-hosts must be refused in the set's status and the log, naming the flag, and nothing deployed.
  */
 import assert from "node:assert/strict";
 import { Buffer } from "node:buffer";
@@ -17,31 +19,60 @@ const ROOT = new URL("..", import.meta.url).pathname;
 const SEED_HOST = "lab-host-01.example.com";
 const SET = "aarch64-ssh-pool";
 
-/** The flags scripts/permissions.sh prints for these build-time variables, and only these. */
-async function prodFlags(vars: Record<string, string>): Promise<string[]> {
+/** The launcher's flags, as scripts/permissions.sh prints them. */
+async function launcherFlags(): Promise<string[]> {
+  const out = await new Deno.Command("sh", { args: [`${ROOT}scripts/permissions.sh`], stdout: "piped" }).output();
+  assert.ok(out.success);
+  return new TextDecoder().decode(out.stdout).trim().split(/\s+/);
+}
+
+/** How the program is started: from source (`deno task run:prod`) or as the bundle (`deno task run:bundle`). */
+interface Form {
+  name: string;
+  /** `deno` arguments before the flags of the command, permission flags included. */
+  args: string[];
+  cwd: string;
+  env?: Record<string, string>;
+}
+
+async function sourceForm(): Promise<Form> {
+  return { name: "main.ts", args: ["run", ...await launcherFlags(), "main.ts"], cwd: ROOT };
+}
+
+/**
+ * `deno task bundle` into an empty directory, run from there by a bare deno with an empty cache and no way to fetch
+ * anything (--cached-only, --no-remote, --no-npm): what an air-gapped machine has.
+ */
+async function bundleForm(dir: string): Promise<Form> {
   const out = await new Deno.Command("sh", {
-    args: [`${ROOT}scripts/permissions.sh`],
-    clearEnv: true,
-    env: { PATH: Deno.env.get("PATH") ?? "/usr/bin:/bin", ...vars },
+    args: ["scripts/bundle.sh", `${dir}/qemu-ssh-provisioner.js`],
+    cwd: ROOT,
     stdout: "piped",
     stderr: "piped",
   }).output();
   assert.ok(out.success, new TextDecoder().decode(out.stderr));
-  return new TextDecoder().decode(out.stdout).trim().split(/\s+/);
+  await Deno.mkdir(`${dir}/deno-dir`);
+  return {
+    name: "bundle",
+    args: [
+      "run",
+      "--no-config",
+      "--cached-only",
+      "--no-remote",
+      "--no-npm",
+      ...await launcherFlags(),
+      "qemu-ssh-provisioner.js",
+    ],
+    cwd: dir,
+    env: { DENO_DIR: `${dir}/deno-dir` },
+  };
 }
 
-/** Build-time variables for the test environment, with the lab allowance given. */
-async function testVars(allowLab: string): Promise<Record<string, string>> {
-  const env = await testEnv();
-  const client = await KubeClient.load(env.kubeconfig);
-  const api = new URL(client.server);
-  client.close();
-  return {
-    QSP_ALLOW_API: `${api.hostname}:${api.port}`,
-    QSP_ALLOW_LISTEN: "127.0.0.1:0",
-    QSP_ALLOW_LAB: allowLab,
-    QSP_KUBECONFIG: env.kubeconfig,
-  };
+/** A port nothing listens on now, for the health listener. */
+function freePort(): number {
+  const l = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  l.close();
+  return (l.addr as Deno.NetAddr).port;
 }
 
 interface Provisioner {
@@ -50,19 +81,24 @@ interface Provisioner {
   stop(): Promise<number>;
 }
 
-/** main.ts as the operator starts it (leader election on), plus what a lab outside the cluster needs. */
-async function startProvisioner(flags: string[], ns: string, host: LabHost): Promise<Provisioner> {
+/** The controller as the operator starts it (leader election on), plus what a lab outside the cluster needs. */
+async function startProvisioner(
+  form: Form,
+  ns: string,
+  host: LabHost,
+  opts: { labHosts: string; healthPort?: number },
+): Promise<Provisioner> {
   const env = await testEnv();
   const child = new Deno.Command(Deno.execPath(), {
     args: [
-      "run",
-      ...flags,
-      "main.ts",
+      ...form.args,
       "run",
       "--provisioner=qemu-ssh.jumpstarter.dev",
       "--leader-elect",
-      "--health-probe-bind-address=127.0.0.1:0",
+      `--health-probe-bind-address=${opts.healthPort ? `127.0.0.1:${opts.healthPort}` : "0"}`,
       "--metrics-bind-address=0",
+      "--lab-hosts",
+      opts.labHosts,
       "--kubeconfig",
       env.kubeconfig,
       "--namespace",
@@ -70,8 +106,8 @@ async function startProvisioner(flags: string[], ns: string, host: LabHost): Pro
       "--host-alias",
       `${SEED_HOST}=${host.address}`,
     ],
-    cwd: ROOT,
-    env: { NO_COLOR: "1" },
+    cwd: form.cwd,
+    env: { NO_COLOR: "1", ...form.env },
     stdin: "null",
     stdout: "piped",
     stderr: "piped",
@@ -120,92 +156,88 @@ async function seed(client: KubeClient, host: LabHost) {
 const condition = (s: ExporterSet, type: string) => s.status?.conditions?.find((c) => c.type === type);
 const denials = (logs: string[]) => logs.filter((l) => /NotCapable|Requires \w+ access/.test(l));
 
-Deno.test("permissions: the production flag set grants no blanket permission", async () => {
-  const flags = await prodFlags({});
-  for (const f of flags) {
-    assert.doesNotMatch(f, /^(-A|--allow-all|--allow-(run|write|ffi|import))/, `no ${f}`);
-    assert.ok(!/^--allow-(net|read|sys)$/.test(f), `${f} must name what it allows`);
-  }
-  const net = flags.find((f) => f.startsWith("--allow-net="))!.slice("--allow-net=".length).split(",");
-  for (const n of net) assert.match(n, /:\d+$/, `${n}: every network grant names its port`);
-  assert.ok(net.includes("10.96.0.0/12:443") && net.includes("0.0.0.0:8081"), "defaults: in-cluster API, :8081");
-  assert.deepEqual(
-    flags.find((f) => f.startsWith("--allow-read=")),
-    "--allow-read=/var/run/secrets/kubernetes.io/serviceaccount",
-  );
-  assert.deepEqual(flags.find((f) => f.startsWith("--allow-sys=")), "--allow-sys=hostname,uid");
+Deno.test("permissions: the launcher grants no write, ffi or import, and narrows a Worker", async () => {
+  const flags = await launcherFlags();
+  for (const f of flags) assert.doesNotMatch(f, /^(-A|--allow-all|--allow-(write|ffi|import))/, `no ${f}`);
+  assert.ok(flags.includes("--unstable-worker-options") && flags.includes("--no-prompt"));
 });
 
-Deno.test({
-  name: "permissions: under the production flags main.ts deploys the seed's set on the lab host and tears it down",
-  sanitizeResources: false,
-  sanitizeOps: false,
-  async fn() {
-    const env = await testEnv();
-    const host = env.labhosts[0];
-    const client = await KubeClient.load(env.kubeconfig);
-    // The lab host as a CIDR: what the variable is documented for, and checked against the --host-alias address.
-    const flags = await prodFlags(await testVars(`${host.address}/32:22`));
-    const { ns, fake } = await seed(client, host);
-    const p = await startProvisioner(flags, ns, host);
-    let code: number | undefined;
-    try {
+for (const [what, form] of [["main.ts", sourceForm], ["the air-gapped bundle", bundleForm]] as const) {
+  Deno.test({
+    name: `permissions: ${what} under the shipped set deploys the seed's set on a lab host named in --lab-hosts`,
+    sanitizeResources: false,
+    sanitizeOps: false,
+    async fn() {
+      const env = await testEnv();
+      const host = env.labhosts[0];
+      const client = await KubeClient.load(env.kubeconfig);
+      const dir = await Deno.makeTempDir({ prefix: "qsp-perm-" });
+      const { ns, fake } = await seed(client, host);
+      const healthPort = freePort();
       const t0 = performance.now();
-      await waitFor(async () => {
-        const s = await client.get<ExporterSet>(EXPORTER_SETS, ns, SET);
-        return condition(s, "Available")?.status === "True" && s.status?.readyReplicas === 1;
-      }, { what: "the set Available with 1 ready exporter", timeoutMs: 90_000 });
-      console.log(`  Available after ${((performance.now() - t0) / 1000).toFixed(1)}s`);
-      const [e] = (await client.list<Exporter>(EXPORTERS, ns)).items;
-      const name = e.metadata.name!;
-      const units = await hostExec(host, `systemctl is-active ${name}-runtime.service ${name}-exporter.service`);
-      assert.equal(units.stdout, "active\nactive\n", "both units run on the lab host");
+      const p = await startProvisioner(await form(dir), ns, host, { labHosts: `${SEED_HOST}:22`, healthPort });
+      let code: number | undefined;
+      try {
+        const health = await waitFor(async () => {
+          const res = await fetch(`http://127.0.0.1:${healthPort}/healthz`).catch(() => undefined);
+          return res && { status: res.status, text: await res.text() };
+        }, { what: `/healthz on 127.0.0.1:${healthPort}` });
+        assert.equal(health.status, 200);
+        await waitFor(async () => {
+          const s = await client.get<ExporterSet>(EXPORTER_SETS, ns, SET);
+          return condition(s, "Available")?.status === "True" && s.status?.readyReplicas === 1;
+        }, { what: "the set Available with 1 ready exporter", timeoutMs: 90_000 });
+        console.log(`  ${what}: Available ${((performance.now() - t0) / 1000).toFixed(1)}s after start`);
+        const [e] = (await client.list<Exporter>(EXPORTERS, ns)).items;
+        const name = e.metadata.name!;
+        const units = await hostExec(host, `systemctl is-active ${name}-runtime.service ${name}-exporter.service`);
+        assert.equal(units.stdout, "active\nactive\n", "both units run on the lab host");
 
-      await client.delete(EXPORTER_SETS, ns, SET);
-      await waitFor(async () => (await client.list(EXPORTERS, ns)).items.length === 0, {
-        what: "the exporters torn down and deleted",
-        timeoutMs: 60_000,
-      });
-      const left = await hostExec(
-        host,
-        `ls /etc/containers/systemd/ /etc/jumpstarter/exporters/ | grep -c ${name} || true`,
-      );
-      assert.equal(left.stdout.trim(), "0", "nothing left on the lab host");
-    } finally {
-      code = await p.stop();
-      await fake.stop();
-      client.close();
-    }
-    assert.deepEqual(denials(p.logs), [], "no permission was missing");
-    assert.equal(code, 0, `clean exit on SIGTERM; log:\n${p.logs.slice(-20).join("\n")}`);
-  },
-});
+        await client.delete(EXPORTER_SETS, ns, SET);
+        await waitFor(async () => (await client.list(EXPORTERS, ns)).items.length === 0, {
+          what: "the exporters torn down and deleted",
+          timeoutMs: 60_000,
+        });
+        const left = await hostExec(
+          host,
+          `ls /etc/containers/systemd/ /etc/jumpstarter/exporters/ | grep -c ${name} || true`,
+        );
+        assert.equal(left.stdout.trim(), "0", "nothing left on the lab host");
+      } finally {
+        code = await p.stop();
+        await fake.stop();
+        client.close();
+        await Deno.remove(dir, { recursive: true });
+      }
+      assert.deepEqual(denials(p.logs), [], "no permission was missing");
+      assert.equal(code, 0, `clean exit on SIGTERM; log:\n${p.logs.slice(-20).join("\n")}`);
+    },
+  });
+}
 
 Deno.test({
-  name: "permissions: a lab host outside --allow-net is refused with a clear error in the status and the log",
+  name: "permissions: a lab host outside --lab-hosts is refused with a clear error in the status and the log",
   sanitizeResources: false,
   sanitizeOps: false,
   async fn() {
     const env = await testEnv();
     const host = env.labhosts[0];
     const client = await KubeClient.load(env.kubeconfig);
-    // TEST-NET-1 (RFC 5737): an allowance that can never match the lab host, and is never dialed.
-    const flags = await prodFlags(await testVars("192.0.2.0/24:22"));
     const { ns, fake } = await seed(client, host);
-    const p = await startProvisioner(flags, ns, host);
-    const refusal = `Requires net access to "${host.address}:22"`;
+    // TEST-NET-1 (RFC 5737): a list that can never match the lab host, and is never dialed.
+    const p = await startProvisioner(await sourceForm(), ns, host, { labHosts: "192.0.2.0/24:22" });
+    const refusal = `lab host ${SEED_HOST} (${host.address}) port 22 is not in --lab-hosts (192.0.2.0/24:22): ` +
+      `add it to the controller's --lab-hosts flag or LAB_HOSTS variable`;
     let code: number | undefined;
     try {
       const set = await waitFor(async () => {
         const s = await client.get<ExporterSet>(EXPORTER_SETS, ns, SET);
         return condition(s, "Degraded")?.message?.includes(refusal) ? s : undefined;
-      }, { what: `Degraded naming the refused address`, timeoutMs: 60_000 });
+      }, { what: `Degraded naming the refused host and the flag`, timeoutMs: 60_000 });
       assert.equal(condition(set, "Degraded")?.status, "True");
       assert.equal(condition(set, "Available")?.status, "False");
       assert.equal(set.status?.readyReplicas ?? 0, 0);
-      // The text log quotes the error, escaping its quotes.
-      const logged = (l: string) => l.includes(refusal.replaceAll('"', '\\"'));
-      await waitFor(() => p.logs.some(logged), { what: "the refusal in the log" });
+      await waitFor(() => p.logs.some((l) => l.includes(refusal)), { what: "the refusal in the log" });
       const [e] = (await client.list<Exporter>(EXPORTERS, ns)).items;
       const left = await hostExec(host, `ls /etc/containers/systemd/ | grep -c ${e.metadata.name} || true`);
       assert.equal(left.stdout.trim(), "0", "nothing was deployed");

@@ -8,6 +8,7 @@
 import assert from "node:assert/strict";
 import { Buffer } from "node:buffer";
 import { freshNamespace, seedExample, testEnv, waitFor } from "./env.ts";
+import { DEFAULT_LAB_HOSTS } from "../src/host/lab_hosts.ts";
 import { startFakeJumpstarter } from "./fake_jumpstarter.ts";
 import { hostExec, type LabHost } from "./labhost/labhost.ts";
 import { KubeClient, type Resource, resourcePath } from "../src/kube/client.ts";
@@ -167,7 +168,11 @@ Deno.test("manifests: the Deployment, ServiceAccount and RBAC are what the Jumps
     "--health-probe-bind-address=:8081",
     "--metrics-bind-address=0",
   ]);
-  assert.deepEqual(c.env, [{ name: "NAMESPACE", valueFrom: { fieldRef: { fieldPath: "metadata.namespace" } } }]);
+  // the operator's env, plus LAB_HOSTS with its default value, to be edited (unset under the operator: same default)
+  assert.deepEqual(c.env, [
+    { name: "NAMESPACE", valueFrom: { fieldRef: { fieldPath: "metadata.namespace" } } },
+    { name: "LAB_HOSTS", value: DEFAULT_LAB_HOSTS },
+  ]);
   assert.deepEqual(c.ports, [{ name: "health", containerPort: 8081, protocol: "TCP" }]);
   assert.deepEqual(c.livenessProbe, {
     httpGet: { path: "/healthz", port: 8081 },

@@ -17,14 +17,15 @@ import { setTarget, targetString } from "../provision/targets.ts";
 import { fingerprint, lookup } from "../host/known_hosts.ts";
 import { checkPrivateKey, type PrivateKeyCheck } from "../host/ssh_key.ts";
 import { SshError, SshPool, type SshTarget } from "../host/ssh.ts";
-import { LabHosts, parseHostAliases } from "../host/lab.ts";
-import { type HostInspection, shellCommand, shQuote } from "../host/remote.ts";
+import { LabHosts } from "../host/lab.ts";
+import { parseHostAliases } from "../host/lab_hosts.ts";
+import { type HostInspection, MIN_PODMAN, podmanTooOld, shellCommand, shQuote } from "../host/remote.ts";
 import { consoleIo, type Io, parseFlags } from "./render.ts";
 
 export const DOCTOR_USAGE = `usage: qemu-ssh-provisioner doctor --host HOST [--port 22] [--user root] --key PATH
-                                   [--known-hosts PATH | --accept-new] [--address IP]
+                                   [--known-hosts PATH | --accept-new] [--address IP] [-o text|json]
        qemu-ssh-provisioner doctor [--kubeconfig PATH] --namespace NS --class NAME [--set NAME]
-                                   [--host-alias NAME=ADDRESS ...]
+                                   [--host-alias NAME=ADDRESS ...] [-o text|json]
 
 Checks a lab host the way run uses it: TCP, the SSH host key, login, root rights, systemd, podman and quadlet,
 /dev/kvm, the images and devices the containers need, free disk. One line per check, with a fix for each failure.
@@ -42,21 +43,24 @@ from the cluster (read-only):
   --class NAME           the VirtualTargetClass (default: the set's)
   --set NAME             an ExporterSet, whose parameters override the class's
   --host-alias NAME=ADDRESS   connect to ADDRESS for lab host NAME, as run does; repeatable
+output:
+  -o, --output text|json text (default): one line per check; json: one object when done, {"host", "ready",
+                         "checks": [{"name", "status": "ok"|"warn"|"fail", "detail", "fix": [...]}]}
 
 Without --class, the default images are checked and /dev/kvm is optional.
 Exit status: 0 every check passed (warnings allowed), 1 a check failed, 2 usage error.`;
 
 /** Below this much free space under /etc or /var/lib/containers, image pulls and volumes may fail. */
 const LOW_DISK_KIB = 2 * 1024 * 1024;
-/**
- * The exporter quadlet's `Network=<name>-runtime.container` (the runtime's network namespace) is understood from
- * Podman 5.3.0 on (quadlet: "support container network reusing"); an older quadlet makes no exporter service at all.
- */
-const QUADLET_PODMAN = [5, 3];
+/** Podman >= this: see MIN_PODMAN, the floor the apply script enforces too. */
+const QUADLET_PODMAN = MIN_PODMAN.join(".");
 const TCP_TIMEOUT_MS = 5_000;
+
+export type DoctorOutput = "text" | "json";
 
 interface HostFlags {
   mode: "host";
+  output: DoctorOutput;
   host: string;
   port: number;
   user: string;
@@ -68,6 +72,7 @@ interface HostFlags {
 
 interface ClusterFlags {
   mode: "cluster";
+  output: DoctorOutput;
   kubeconfig?: string;
   namespace: string;
   className?: string;
@@ -95,9 +100,12 @@ export function parseDoctorFlags(args: string[]): DoctorFlags {
       class: { type: "string" },
       set: { type: "string" },
       "host-alias": { type: "string", multiple: true },
+      output: { type: "string", short: "o", default: "text" },
     },
   });
   if (positionals.length) throw new Error(`unexpected argument "${positionals[0]}"`);
+  const output = values.output as DoctorOutput;
+  if (output !== "text" && output !== "json") throw new Error(`-o/--output must be text or json, got "${output}"`);
   const given = (names: (keyof typeof values)[]) => names.filter((n) => values[n] !== undefined).map((n) => `--${n}`);
   const hostOnly = given(["port", "user", "key", "known-hosts", "accept-new", "address"]);
   const clusterOnly = given(["kubeconfig", "namespace", "host-alias"]);
@@ -116,6 +124,7 @@ export function parseDoctorFlags(args: string[]): DoctorFlags {
     }
     return {
       mode: "host",
+      output,
       host: values.host,
       port,
       user: values.user ?? "root",
@@ -133,6 +142,7 @@ export function parseDoctorFlags(args: string[]): DoctorFlags {
   const hostAliases = parseHostAliases(values["host-alias"] ?? []);
   return {
     mode: "cluster",
+    output,
     kubeconfig: values.kubeconfig,
     namespace: values.namespace,
     className: values.class,
@@ -150,7 +160,7 @@ export function localeIsUtf8(): boolean {
 export async function doctorCommand(args: string[], io: Io = consoleIo, utf8 = localeIsUtf8()): Promise<number> {
   const flags = parseFlags(DOCTOR_USAGE, args, io, parseDoctorFlags);
   if (typeof flags === "number") return flags;
-  const report = new Report(io, utf8);
+  const report = new Report(io, utf8, flags.output);
   const subject = flags.mode === "host" ? await directSubject(flags, report) : await clusterSubject(flags, report);
   if (subject) await checkHost(subject, report);
   return report.verdict(subject?.target);
@@ -160,9 +170,24 @@ export async function doctorCommand(args: string[], io: Io = consoleIo, utf8 = l
 
 type Status = "ok" | "warn" | "fail";
 
-interface Check {
-  status: Status;
+/** One check, as `-o json` prints it. */
+export interface Check {
   name: string;
+  status: Status;
+  detail: string;
+  /** What to do about a failure or warning, one step each; empty when there is nothing to do. */
+  fix: string[];
+}
+
+/** `doctor -o json`: the whole report, printed once the checks are done. */
+export interface DoctorJson {
+  /** user@host:port as run reaches it; null when the checks stopped before a host was known. */
+  host: string | null;
+  /** The address connected to instead of the host's name (--address, --host-alias). */
+  address?: string;
+  /** No check failed (the exit status is 0). */
+  ready: boolean;
+  checks: Check[];
 }
 
 class Report {
@@ -170,13 +195,14 @@ class Report {
   readonly #marks: Record<Status, string>;
   readonly #arrow: string;
 
-  constructor(private readonly io: Io, utf8: boolean) {
+  constructor(private readonly io: Io, utf8: boolean, private readonly output: DoctorOutput = "text") {
     this.#marks = utf8 ? { ok: "✓", warn: "!", fail: "✗" } : { ok: "ok  ", warn: "WARN", fail: "FAIL" };
     this.#arrow = utf8 ? "→" : "->";
   }
 
   add(status: Status, name: string, detail: string, ...fixes: string[]): void {
-    this.#checks.push({ status, name });
+    this.#checks.push({ name, status, detail, fix: fixes });
+    if (this.output === "json") return;
     this.io.out(`${this.#marks[status]} ${name.padEnd(11)} ${detail}`);
     const indent = " ".repeat(this.#marks[status].length + 13);
     for (const f of fixes) this.io.out(`${indent}${this.#arrow} ${f}`);
@@ -188,6 +214,16 @@ class Report {
     const warned = this.#checks.filter((c) => c.status === "warn");
     const names = (cs: Check[]) => [...new Set(cs.map((c) => c.name))].join(", ");
     const where = target ? `${targetString(target)}${via(target)}` : "the lab host";
+    if (this.output === "json") {
+      const json: DoctorJson = {
+        host: target ? targetString(target) : null,
+        ...(target && via(target) ? { address: target.address } : {}),
+        ready: failed.length === 0,
+        checks: this.#checks,
+      };
+      this.io.out(JSON.stringify(json, null, 2));
+      return failed.length ? 1 : 0;
+    }
     if (failed.length) {
       this.io.out(
         `\nverdict: ${where} is NOT ready for ${PROVISIONER}: ${failed.length} check(s) failed (${names(failed)})` +
@@ -535,17 +571,23 @@ function reportInspection(s: Subject, h: HostInspection, probe: string[][], repo
   } else report.add("ok", "systemd", `systemd ${h.systemdVersion}`);
 
   const podman = h.podmanVersion;
-  const version = (podman ?? "").split(".").map((n) => parseInt(n, 10));
-  const recent = version[0] > QUADLET_PODMAN[0] ||
-    (version[0] === QUADLET_PODMAN[0] && version[1] >= QUADLET_PODMAN[1]);
-  if (!podman) report.add("fail", "podman", "not installed", `install podman >= ${QUADLET_PODMAN.join(".")}`);
-  else if (!recent) {
+  const old = podman === undefined ? undefined : podmanTooOld(podman);
+  if (!podman) report.add("fail", "podman", "not installed", `install podman >= ${QUADLET_PODMAN}`);
+  else if (old) {
     report.add(
       "fail",
       "podman",
       `podman ${podman} is too old: its quadlet cannot put the exporter in the runtime's network ` +
-        `(Network=<name>-runtime.container needs >= ${QUADLET_PODMAN.join(".")}; RHEL 9 and Ubuntu 24.04 ship older)`,
-      `upgrade podman to ${QUADLET_PODMAN.join(".")} or later`,
+        `(Network=<name>-runtime.container needs >= ${QUADLET_PODMAN}; RHEL 9 and Ubuntu 24.04 ship older), and ` +
+        "run refuses to deploy here (PodmanTooOld)",
+      `upgrade podman to ${QUADLET_PODMAN} or later`,
+    );
+  } else if (old === undefined) {
+    report.add(
+      "warn",
+      "podman",
+      `podman ${podman}: not a version number; run deploys anyway, and needs >= ${QUADLET_PODMAN}`,
+      "make sure this podman's quadlet understands Network=<name>.container",
     );
   } else report.add("ok", "podman", `podman ${podman}`);
   if (h.generator) report.add("ok", "quadlet", `generator ${h.generator}`);
@@ -554,7 +596,7 @@ function reportInspection(s: Subject, h: HostInspection, probe: string[][], repo
       "fail",
       "quadlet",
       "no quadlet generator: .container files would not become services",
-      `install podman >= ${QUADLET_PODMAN.join(".")} with its systemd generator (Debian/Ubuntu: podman; RHEL: podman)`,
+      `install podman >= ${QUADLET_PODMAN} with its systemd generator (Debian/Ubuntu: podman; RHEL: podman)`,
     );
   }
 

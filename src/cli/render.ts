@@ -6,23 +6,27 @@
  * Also the few pieces the CLI commands share: where they print, and how they report flags and parameters.
  */
 import { parseArgs } from "node:util";
-import { parseAllDocuments } from "yaml";
+import { parseAllDocuments, stringify } from "yaml";
 import { type ExporterSet, PROVISIONER, type VirtualTargetClass } from "../api/types.ts";
 import { fieldErrorLine, resolveParams } from "../provision/params.ts";
 import { targetString } from "../provision/targets.ts";
 import { instanceOf, type RenderedInstance, renderInstance } from "../host/render.ts";
 
 export const RENDER_USAGE =
-  `usage: qemu-ssh-provisioner render --class CLASS.yaml --set SET.yaml [--exporter NAME] [--endpoint E]
-       qemu-ssh-provisioner render -f MANIFESTS.yaml [-f ...] [--exporter NAME] [--endpoint E]
+  `usage: qemu-ssh-provisioner render --class CLASS.yaml --set SET.yaml [--exporter NAME] [--endpoint E] [-o FORMAT]
+       qemu-ssh-provisioner render -f MANIFESTS.yaml [-f ...] [--exporter NAME] [--endpoint E] [-o FORMAT]
 
 Prints, for each ExporterSet in the files, what run would write on its lab host: the ExporterConfig and the two
 quadlets with their paths, the volume and the units. Offline: nothing is read from a cluster or a host. The set's
 VirtualTargetClass (spec.virtualTargetClassName, same namespace) must be in the files too.
 
-  --class FILE, --set FILE, -f FILE   manifests (-f is also --file), YAML, any number of documents; repeatable
+  --class FILE, --set FILE, -f FILE   manifests (-f is also --file), YAML, any number of documents; repeatable;
+                                      - reads them from stdin
   --exporter NAME                     the Exporter's name (default SET-xxxxx); only with a single ExporterSet
   --endpoint HOST:PORT                the Jumpstarter endpoint for the ExporterConfig (default <endpoint>)
+  -o, --output text|yaml|json         text (default): a header and each file under a ==> PATH <== line;
+                                      yaml, json: a list with one entry per ExporterSet (exporterSet, class,
+                                      exporter, host, volume, units, files with path, mode, owner, links, content)
 
 The token is shown as <redacted>; the Exporter's uid and the CA bundle (tls.ca) are placeholders.
 Exit status: 0 rendered, 1 invalid manifests or parameters (one line each), 2 usage error.`;
@@ -37,9 +41,15 @@ const DEFAULT_NAMESPACE = "default";
 export interface Io {
   out(text: string): void;
   err(text: string): void;
+  /** All of stdin (`render -f -`); absent: the process's. */
+  stdin?(): Promise<string>;
 }
 
 export const consoleIo: Io = { out: (t) => console.log(t), err: (t) => console.error(t) };
+
+const readStdin = () => new Response(Deno.stdin.readable).text();
+/** How a manifest read from stdin is named in messages. */
+export const STDIN_NAME = "<stdin>";
 
 /**
  * A command's flags from `parse`, or the exit status when there is nothing to run: 0 after --help, 2 after a bad
@@ -64,10 +74,15 @@ export function parseFlags<T extends object>(
   }
 }
 
+export const RENDER_FORMATS = ["text", "yaml", "json"] as const;
+export type RenderFormat = typeof RENDER_FORMATS[number];
+
 export interface RenderFlags {
+  /** Paths; "-" is stdin. */
   files: string[];
   exporter?: string;
   endpoint?: string;
+  output: RenderFormat;
 }
 
 export function parseRenderFlags(args: string[]): RenderFlags {
@@ -81,12 +96,18 @@ export function parseRenderFlags(args: string[]): RenderFlags {
       file: { type: "string", short: "f", multiple: true, default: [] },
       exporter: { type: "string" },
       endpoint: { type: "string" },
+      output: { type: "string", short: "o", default: "text" },
     },
   });
   if (positionals.length) throw new Error(`unexpected argument "${positionals[0]}"`);
   const files = [...values.class, ...values.set, ...values.file];
   if (!files.length) throw new Error("no manifests: give --class CLASS.yaml --set SET.yaml, or -f MANIFESTS.yaml");
-  return { files, exporter: values.exporter, endpoint: values.endpoint };
+  if (files.filter((f) => f === "-").length > 1) throw new Error("- (stdin) can be given only once");
+  const output = values.output as RenderFormat;
+  if (!RENDER_FORMATS.includes(output)) {
+    throw new Error(`-o/--output must be ${RENDER_FORMATS.join(", ")}, got "${values.output}"`);
+  }
+  return { files, exporter: values.exporter, endpoint: values.endpoint, output };
 }
 
 export async function renderCommand(args: string[], io: Io = consoleIo): Promise<number> {
@@ -94,10 +115,14 @@ export async function renderCommand(args: string[], io: Io = consoleIo): Promise
   if (typeof flags === "number") return flags;
   const sources: Manifest[] = [];
   for (const path of flags.files) {
+    const name = path === "-" ? STDIN_NAME : path;
     try {
-      sources.push({ path, text: await Deno.readTextFile(path) });
+      sources.push({
+        path: name,
+        text: path === "-" ? await (io.stdin ?? readStdin)() : await Deno.readTextFile(path),
+      });
     } catch (e) {
-      io.err(`${path}: cannot read: ${e instanceof Error ? e.message : e}`);
+      io.err(`${name}: cannot read: ${e instanceof Error ? e.message : e}`);
       return 1;
     }
   }
@@ -107,8 +132,31 @@ export async function renderCommand(args: string[], io: Io = consoleIo): Promise
     for (const e of result.errors) io.err(e);
     return 1;
   }
-  io.out(result.text);
+  if (flags.output === "text") io.out(result.text);
+  else {
+    const list = result.instances.map(structured);
+    io.out(flags.output === "json" ? JSON.stringify(list, null, 2) : stringify(list, { lineWidth: 0 }).trimEnd());
+  }
   return 0;
+}
+
+/** One rendered set for `-o yaml|json`: what the text format says, as data. */
+function structured(r: RenderedSet) {
+  return {
+    exporterSet: `${r.namespace}/${r.set.metadata.name}`,
+    virtualTargetClass: r.set.spec.virtualTargetClassName,
+    exporter: r.rendered.name,
+    host: r.host,
+    volume: r.rendered.volume,
+    units: r.rendered.units,
+    files: r.rendered.files.map((f) => ({
+      path: f.path,
+      mode: f.mode.toString(8).padStart(4, "0"),
+      owner: f.owner,
+      links: f.links,
+      content: f.content,
+    })),
+  };
 }
 
 export interface Manifest {
@@ -117,8 +165,17 @@ export interface Manifest {
   text: string;
 }
 
+/** One ExporterSet as run would deploy a new Exporter of it. */
+export interface RenderedSet {
+  set: ExporterSet;
+  namespace: string;
+  /** user@host:port */
+  host: string;
+  rendered: RenderedInstance;
+}
+
 export type RenderResult =
-  | { ok: true; text: string; warnings: string[] }
+  | { ok: true; text: string; instances: RenderedSet[]; warnings: string[] }
   | { ok: false; errors: string[]; warnings: string[] };
 
 /** Renders every ExporterSet in the manifests with its class, as `run` would deploy a new Exporter of it. Pure. */
@@ -163,7 +220,7 @@ export function renderManifests(
     };
   }
 
-  const out: string[] = [];
+  const out: RenderedSet[] = [];
   for (const set of sets) {
     const ns = set.metadata.namespace ?? DEFAULT_NAMESPACE;
     const className = set.spec.virtualTargetClassName;
@@ -193,7 +250,7 @@ export function renderManifests(
     warnings.push(...resolved.warnings);
     try {
       const rendered = renderInstance(
-        instanceOf({ ...set, metadata: { ...set.metadata, namespace: ns } }, resolved.params, {
+        instanceOf({ ...set, metadata: { ...set.metadata, namespace: ns } }, cls, resolved.params, {
           name: opts.exporter ?? `${set.metadata.name}-xxxxx`,
           uid: PLACEHOLDER_UID,
           endpoint: opts.endpoint ?? PLACEHOLDER_ENDPOINT,
@@ -202,13 +259,20 @@ export function renderManifests(
         }),
       );
       const { host } = resolved.params;
-      out.push(describe(set, ns, rendered, targetString({ user: host.user, host: host.name, port: host.port })));
+      out.push({
+        set,
+        namespace: ns,
+        rendered,
+        host: targetString({ user: host.user, host: host.name, port: host.port }),
+      });
     } catch (e) {
       // names and the endpoint are checked only here, as they become file names and unit file values
       errors.push(`ExporterSet ${set.metadata.name}: ${e instanceof Error ? e.message : e}`);
     }
   }
-  return errors.length ? { ok: false, errors, warnings } : { ok: true, text: out.join("\n\n"), warnings };
+  if (errors.length) return { ok: false, errors, warnings };
+  const text = out.map((r) => describe(r.set, r.namespace, r.rendered, r.host)).join("\n\n");
+  return { ok: true, text, instances: out, warnings };
 }
 
 function describe(set: ExporterSet, ns: string, r: RenderedInstance, host: string): string {

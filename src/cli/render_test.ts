@@ -10,10 +10,15 @@ const SET = example("exporterset.yaml");
 const seed = async (): Promise<Manifest[]> =>
   await Promise.all([CLASS, SET].map(async (path) => ({ path, text: await Deno.readTextFile(path) })));
 
-async function render(args: string[]) {
+async function render(args: string[], stdin?: string) {
   const out: string[] = [];
   const err: string[] = [];
-  const code = await renderCommand(args, { out: (t) => out.push(t), err: (t) => err.push(t) });
+  const io = {
+    out: (t: string) => out.push(t),
+    err: (t: string) => err.push(t),
+    stdin: () => stdin === undefined ? Promise.reject(new Error("no stdin in this test")) : Promise.resolve(stdin),
+  };
+  const code = await renderCommand(args, io);
   return { code, out: out.join("\n"), err: err.join("\n") };
 }
 
@@ -148,7 +153,9 @@ Deno.test("render: manifests that cannot be rendered say why", async () => {
 });
 
 Deno.test("render: usage errors exit 2 with the usage and no stack trace; --help exits 0", async () => {
-  for (const args of [[], ["--bogus"], ["--class"], ["-f", SET, "extra"]]) {
+  for (
+    const args of [[], ["--bogus"], ["--class"], ["-f", SET, "extra"], ["-f", SET, "-o", "xml"], ["-f", "-", "-f", "-"]]
+  ) {
     const r = await render(args);
     assert.equal(r.code, 2, `${args}`);
     assert.match(r.err, /^error: .*\n\nusage: qemu-ssh-provisioner render /);
@@ -160,4 +167,81 @@ Deno.test("render: usage errors exit 2 with the usage and no stack trace; --help
   const missing = await render(["-f", "/nonexistent/set.yaml"]);
   assert.equal(missing.code, 1);
   assert.match(missing.err, /^\/nonexistent\/set\.yaml: cannot read: /);
+});
+
+Deno.test("render -f -: the manifests from stdin, alone or with files, render as from files", async () => {
+  const [cls, set] = await seed();
+  const files = await render(["-f", CLASS, "-f", SET]);
+  assert.equal(files.code, 0, files.err);
+  const piped = await render(["-f", "-"], `${cls.text}---\n${set.text}`);
+  assert.equal(piped.code, 0, piped.err);
+  assert.equal(piped.out, files.out);
+  const mixed = await render(["--class", CLASS, "--set", "-"], set.text);
+  assert.equal(mixed.code, 0, mixed.err);
+  assert.equal(mixed.out, files.out);
+  const bad = await render(["-f", "-"], "kind: [unclosed");
+  assert.equal(bad.code, 1);
+  assert.match(bad.err, /^<stdin>: document 1: /);
+  const unreadable = await render(["-f", "-"]);
+  assert.equal(unreadable.code, 1);
+  assert.match(unreadable.err, /^<stdin>: cannot read: no stdin in this test/);
+});
+
+Deno.test("render -o yaml|json: the same files as data; text stays the default", async () => {
+  const text = await render(["-f", CLASS, "-f", SET]);
+  assert.equal((await render(["-f", CLASS, "-f", SET, "-o", "text"])).out, text.out);
+  const json = await render(["-f", CLASS, "-f", SET, "--output", "json"]);
+  assert.equal(json.code, 0, json.err);
+  const yaml = await render(["-f", CLASS, "-f", SET, "-o", "yaml"]);
+  assert.equal(yaml.code, 0, yaml.err);
+  const data = JSON.parse(json.out);
+  assert.deepEqual(parse(yaml.out), data, "yaml and json say the same");
+  assert.equal(data.length, 1);
+  const [one] = data;
+  const name = "aarch64-ssh-pool-xxxxx";
+  assert.deepEqual(
+    { ...one, files: undefined },
+    {
+      exporterSet: "jumpstarter/aarch64-ssh-pool",
+      virtualTargetClass: "qemu-ssh-aarch64",
+      exporter: name,
+      host: "root@lab-host-01.example.com:22",
+      volume: `jumpstarter-${name}-shared`,
+      units: { runtime: `${name}-runtime.service`, exporter: `${name}-exporter.service` },
+      files: undefined,
+    },
+  );
+  const blocks = files(text.out);
+  assert.deepEqual(
+    one.files.map((f: { path: string; mode: string; owner: number; links: string[] }) => [f.path, f.mode, f.owner]),
+    [
+      [`/etc/jumpstarter/exporters/${name}.d/${name}.yaml`, "0600", 65532],
+      [`/etc/containers/systemd/${name}-runtime.container`, "0644", 0],
+      [`/etc/containers/systemd/${name}-exporter.container`, "0644", 0],
+    ],
+  );
+  assert.deepEqual(one.files[0].links, [`/etc/jumpstarter/exporters/${name}.yaml`]);
+  for (const f of one.files) assert.equal(`${blocks.get(f.path)!.content}\n`, f.content, f.path);
+  assert.equal(parse(one.files[0].content).token, "<redacted>");
+  assert.match(yaml.out, /^ +content: \|/m, "file contents are block scalars, readable as they are");
+});
+
+Deno.test("render: the seed's :latest images are pulled when newer (no policy stated); a stated one is kept", async () => {
+  const [cls, set] = await seed();
+  const seeded = renderManifests([cls, set]);
+  assert.ok(seeded.ok);
+  assert.equal(seeded.text.match(/^Pull=newer$/gm)?.length, 2);
+  assert.match(seeded.text, /^ExecStartPre=podman run .* --pull newer /m);
+  const stated = {
+    path: "set.yaml",
+    text: `${set.text}  images:\n    exporter:\n      imagePullPolicy: IfNotPresent\n`,
+  };
+  const r = renderManifests([cls, stated]);
+  assert.ok(r.ok, JSON.stringify(r));
+  const quadlets = files(r.text);
+  const name = "aarch64-ssh-pool-xxxxx";
+  assert.match(quadlets.get(`/etc/containers/systemd/${name}-exporter.container`)!.content, /^Pull=missing$/m);
+  const runtime = quadlets.get(`/etc/containers/systemd/${name}-runtime.container`)!.content;
+  assert.match(runtime, /^Pull=newer$/m, "the runtime image states nothing");
+  assert.match(runtime, /^ExecStartPre=podman run .* --pull missing /m, "staging follows the exporter's policy");
 });

@@ -15,7 +15,8 @@ import {
   type ScriptError,
   shellCommand,
 } from "./remote.ts";
-import type { SshPool, SshTarget } from "./ssh.ts";
+import { SshError, type SshPool, type SshTarget } from "./ssh.ts";
+import { LAB_HOSTS_ENV } from "./lab_hosts.ts";
 import type { Metrics } from "../observe/metrics.ts";
 
 export interface ApplyOutcome {
@@ -62,23 +63,14 @@ export class HostScriptError extends Error {
 export interface LabHostsOptions {
   /** Lab host name -> address to connect to; host keys are still checked under the name. */
   hostAliases?: Record<string, string>;
+  /** --lab-hosts, named when the network permission refuses a host. */
+  labHosts?: string;
   metrics?: Metrics;
   /**
    * Once aborted (this replica lost leadership), no command starts and running ones are killed: another replica may
    * be about to lead and work on the same hosts.
    */
   fence?: AbortSignal;
-}
-
-/** Parses repeated `NAME=ADDRESS` flags (`--host-alias`) into a map; throws naming the bad one. */
-export function parseHostAliases(flags: string[]): Record<string, string> {
-  const aliases: Record<string, string> = {};
-  for (const a of flags) {
-    const m = /^([^=\s]+)=([^=\s]+)$/.exec(a);
-    if (!m) throw new Error(`--host-alias must be NAME=ADDRESS, got "${a}"`);
-    aliases[m[1]] = m[2];
-  }
-  return aliases;
 }
 
 export class LabHosts implements HostOps {
@@ -92,6 +84,16 @@ export class LabHosts implements HostOps {
         stdin: script,
         signal: this.opts.fence,
       });
+    } catch (e) {
+      // Deno's own words ("Requires net access to ...") do not say which setting grants it. The pool may throw
+      // one error object again while it backs off: it is reworded once.
+      const refused = e instanceof SshError && /^ssh .*Requires net access/.test(e.message);
+      if (refused && this.opts.labHosts !== undefined) {
+        e.message = `lab host ${target.host}${address ? ` (${address})` : ""} port ${target.port} is not in ` +
+          `--lab-hosts (${this.opts.labHosts}): add it to the controller's --lab-hosts flag or ${LAB_HOSTS_ENV} ` +
+          `variable; ${e.message}`;
+      }
+      throw e;
     } finally {
       this.opts.metrics?.sshCommandSeconds.observe({ host: target.host }, (performance.now() - started) / 1000);
     }

@@ -49,6 +49,42 @@ export function shellCommand(user: string): string {
 
 const GENERATORS = ["/usr/lib/systemd/system-generators/podman-system-generator", "/usr/libexec/podman/quadlet"];
 
+/**
+ * The oldest Podman whose quadlet understands the exporter's `Network=<name>-runtime.container` (the runtime's network
+ * namespace; podman commit 71fd157, first in v5.3.0-rc1). An older quadlet makes no exporter service at all, so the
+ * apply script refuses such a host (`podman-too-old`) before it writes anything, and `doctor` fails it.
+ */
+export const MIN_PODMAN: readonly [number, number] = [5, 3];
+
+/**
+ * Whether `podman --version`'s number (`4.9.3`, `5.3.0-rc1`) is older than MIN_PODMAN; undefined when it is not a
+ * version number at all. The apply script makes the same comparison in sh.
+ */
+export function podmanTooOld(version: string): boolean | undefined {
+  const m = /^([0-9]+)\.([0-9]+)/.exec(version);
+  if (!m) return undefined;
+  const [major, minor] = [Number(m[1]), Number(m[2])];
+  return major < MIN_PODMAN[0] || (major === MIN_PODMAN[0] && minor < MIN_PODMAN[1]);
+}
+
+// The apply's check of MIN_PODMAN, after the tools are known to be there.
+const [MIN_MAJOR, MIN_MINOR] = MIN_PODMAN;
+const PODMAN_CHECK = `# An older quadlet would take the files and make no exporter service: refuse before anything is
+# written. A version that is not a number (a development build) is let through.
+v=$(podman --version 2>/dev/null || true)
+v=\${v##* }
+major=\${v%%.*}
+minor=\${v#"$major"}
+minor=\${minor#.}
+minor=\${minor%%[!0-9]*}
+case "$major" in '' | *[!0-9]*) minor= ;; esac
+if [ -n "$minor" ] &&
+  { [ "$major" -lt ${MIN_MAJOR} ] || { [ "$major" -eq ${MIN_MAJOR} ] && [ "$minor" -lt ${MIN_MINOR} ]; }; }; then
+  err "podman-too-old podman $v is older than ${MIN_MAJOR}.${MIN_MINOR}: its quadlet cannot put the exporter in the \\
+runtime's network (Network=<name>-runtime.container), so no exporter would start; upgrade podman to \\
+${MIN_MAJOR}.${MIN_MINOR} or later"
+fi`;
+
 // Shared by all scripts: strict mode, a sane PATH, and a trap that names the step a failure happened in.
 const PRELUDE = `set -eu
 PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
@@ -220,6 +256,8 @@ step=preflight
 for c in podman systemctl base64 sha256sum mktemp stat; do
   command -v "$c" >/dev/null 2>&1 || err "missing-tool $c is not installed on this host"
 done
+refuse_if_errors
+${PODMAN_CHECK}
 refuse_if_errors
 
 step=ownership
@@ -558,6 +596,7 @@ say "done"
 
 export type ErrorCode =
   | "missing-tool"
+  | "podman-too-old"
   | "not-owned"
   | "owner-conflict"
   | "unit-missing"

@@ -5,9 +5,11 @@ import { renderInstance } from "./render.ts";
 import {
   applyScript,
   inspectScript,
+  MIN_PODMAN,
   parseApplyOutput,
   parseInspectOutput,
   parseRemoveOutput,
+  podmanTooOld,
   removeScript,
   shellCommand,
   shQuote,
@@ -287,4 +289,72 @@ qsp done
     0,
   );
   assert.deepEqual([noPodman.podmanVersion, noPodman.generator, noPodman.kvm], [undefined, undefined, false]);
+});
+
+/** The apply script up to its first step that touches the host, run by dash with `podman` and the tools as stubs. */
+async function preflight(podmanVersion: string | null) {
+  const s = applyScript(rendered, { kvmRequired: false });
+  const cut = s.indexOf("\nstep=ownership\n");
+  assert.ok(cut > 0 && s.indexOf("podman --version") < cut, "the version is checked before the ownership step");
+  const stubs = [
+    podmanVersion === null ? "podman() { return 127; }" : `podman() { echo ${shQuote(podmanVersion)}; }`,
+    ...["systemctl", "base64", "sha256sum", "mktemp", "stat"].map((c) => `${c}() { :; }`),
+  ].join("\n");
+  // the stubs go after the prelude's PATH line: functions win over PATH either way
+  const script = `${stubs}\n${s.slice(0, cut)}\nsay done\n`;
+  const p = new Deno.Command("dash", { args: ["-s"], stdin: "piped", stdout: "piped", stderr: "piped" }).spawn();
+  const w = p.stdin.getWriter();
+  await w.write(new TextEncoder().encode(script));
+  await w.close();
+  const out = await p.output();
+  const dec = new TextDecoder();
+  return parseApplyOutput(dec.decode(out.stdout), dec.decode(out.stderr), out.code);
+}
+
+Deno.test("applyScript: a Podman older than 5.3 is refused (podman-too-old) before anything is written", async () => {
+  assert.deepEqual(MIN_PODMAN, [5, 3]);
+  const cases: [string, boolean | undefined][] = [
+    ["podman version 4.4.1", true],
+    ["podman version 4.9.3", true],
+    ["podman version 5.2.5", true],
+    ["podman version 5.3.0-rc1", false],
+    ["podman version 5.3.0", false],
+    ["podman version 5.4.2", false],
+    ["podman version 6.0.0", false],
+    ["podman version 10.1.0", false],
+    ["podman version dev", undefined],
+    ["podman version 5", undefined],
+  ];
+  for (const [line, old] of cases) {
+    const version = line.split(" ").at(-1)!;
+    assert.equal(podmanTooOld(version), old, line);
+    const report = await preflight(line);
+    if (old) {
+      assert.equal(report.ok, false, line);
+      assert.deepEqual(report.errors.map((e) => e.code), ["podman-too-old"], line);
+      assert.match(
+        report.errors[0].message,
+        new RegExp(`^podman ${version.replaceAll(".", "\\.")} is older than 5\\.3: `),
+      );
+      assert.match(report.errors[0].message, /Network=<name>-runtime\.container.*; upgrade podman to 5\.3 or later$/);
+      assert.deepEqual(report.changed, [], "nothing written");
+    } else {
+      // a version that is not a number is let through: the apply goes on to the ownership step
+      assert.ok(report.ok, `${line}: ${JSON.stringify(report.errors)}`);
+    }
+  }
+  const none = await preflight(null);
+  assert.deepEqual(none.errors.map((e) => e.code), [], "a podman that prints nothing is not refused as too old");
+});
+
+Deno.test("parseApplyOutput: a podman-too-old refusal is an error with its code, not a failed step", () => {
+  const r = parseApplyOutput(
+    "qsp error podman-too-old podman 4.9.3 is older than 5.3: ...; upgrade podman to 5.3 or later\nqsp done\n",
+    "",
+    2,
+  );
+  assert.equal(r.ok, false);
+  assert.deepEqual(r.errors, [
+    { code: "podman-too-old", message: "podman 4.9.3 is older than 5.3: ...; upgrade podman to 5.3 or later" },
+  ]);
 });

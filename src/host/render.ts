@@ -4,7 +4,7 @@
  */
 import { Buffer } from "node:buffer";
 import { Document, Scalar, type ScalarTag, type Tags, visit } from "yaml";
-import type { DriverSpec, ExporterSet } from "../api/types.ts";
+import type { DriverSpec, ExporterSet, VirtualTargetClass } from "../api/types.ts";
 import { DEFAULTS, PROVISIONER } from "../api/types.ts";
 import { type InstanceParams, type PullPolicy, QEMU_DRIVER_TYPE, qemuQuantity } from "./instance_params.ts";
 
@@ -24,11 +24,29 @@ export interface Instance {
   caBundle: string;
   /** reclaimPolicy Retain: recorded on the host so the orphan sweep leaves the instance of a deleted set alone. */
   retain?: boolean;
+  /**
+   * The images whose imagePullPolicy the class or set states. For the others `pullPolicy` is only the default
+   * (IfNotPresent), and they are pulled as Kubernetes defaults them: see `pullOf`. Absent: none is stated.
+   */
+  statedPullPolicy?: ImageRole[];
 }
 
-/** One Exporter of a set as an instance: the set's drivers and recycle strategy over the resolved parameters. */
+export type ImageRole = "exporter" | "runtime";
+
+/** The roles whose `spec.images.<role>.imagePullPolicy` the set or its class states. */
+export function statedPullPolicy(cls: VirtualTargetClass, set: ExporterSet): ImageRole[] {
+  return (["exporter", "runtime"] as const).filter((role) =>
+    set.spec.images?.[role]?.imagePullPolicy !== undefined || cls.spec.images?.[role]?.imagePullPolicy !== undefined
+  );
+}
+
+/**
+ * One Exporter of a set as an instance: the set's drivers and recycle strategy over the resolved parameters, and which
+ * pull policies the set and class state.
+ */
 export function instanceOf(
   set: ExporterSet,
+  cls: VirtualTargetClass,
   params: InstanceParams,
   exporter: Pick<Instance, "name" | "uid" | "endpoint" | "token" | "caBundle" | "retain">,
 ): Instance {
@@ -39,6 +57,7 @@ export function instanceOf(
     params,
     drivers: set.spec.template?.spec?.drivers ?? [],
     exitOnLeaseEnd: (set.spec.recycleStrategy ?? DEFAULTS.recycleStrategy) === "ExitAndReplace",
+    statedPullPolicy: statedPullPolicy(cls, set),
   };
 }
 
@@ -106,6 +125,26 @@ export const volumeName = (name: string) => `jumpstarter-${name}-shared`;
 export const stageContainer = (name: string) => `${name}-stage`;
 
 const PULL: Record<PullPolicy, string> = { Always: "always", IfNotPresent: "missing", Never: "never" };
+
+/** Whether an image reference floats: no digest, and the tag `latest` or none (which means `latest`). */
+export function floatingImage(image: string): boolean {
+  if (image.includes("@")) return false;
+  const last = image.slice(image.lastIndexOf("/") + 1);
+  const colon = last.indexOf(":");
+  return colon < 0 || last.slice(colon + 1) === "latest";
+}
+
+/**
+ * Podman's pull policy for one image (quadlet `Pull=`, `podman run --pull`). A stated imagePullPolicy is followed as
+ * written. Unstated, as Kubernetes defaults it: a floating image (`:latest`, untagged) is looked up on every start and
+ * pulled when the registry's digest differs (`newer`, Kubernetes' Always; Podman uses the local image when the
+ * registry cannot be reached), any other only when it is missing.
+ */
+export function pullOf(inst: Instance, role: ImageRole): string {
+  const { image, pullPolicy } = inst.params.images[role];
+  const stated = inst.statedPullPolicy?.includes(role) || pullPolicy !== "IfNotPresent";
+  return !stated && floatingImage(image) ? "newer" : PULL[pullPolicy];
+}
 
 // Kubernetes validated these already; they are re-checked because they become file, unit and container names.
 const DNS_SUBDOMAIN_RE = /^[a-z0-9](?:[-a-z0-9.]*[a-z0-9])?$/;
@@ -279,12 +318,12 @@ function unit(sections: [string, [string, string][]][], header: string[]): strin
   return lines.join("\n") + "\n";
 }
 
-function commonContainerKeys(inst: Instance, role: "runtime" | "exporter"): [string, string][] {
+function commonContainerKeys(inst: Instance, role: ImageRole): [string, string][] {
   const p = inst.params;
   const image = p.images[role];
   const keys: [string, string][] = [
     ["Image", image.image],
-    ["Pull", PULL[image.pullPolicy]],
+    ["Pull", pullOf(inst, role)],
     ["ContainerName", `${inst.name}-${role}`],
     ["Label", `jumpstarter.dev/exporter=${inst.name}`],
     ["Label", `jumpstarter.dev/namespace=${inst.namespace}`],
@@ -343,7 +382,7 @@ function stageCommand(inst: Instance): string {
   return [
     "podman run --rm --replace",
     `--name ${stageContainer(inst.name)}`,
-    `--pull ${PULL[image.pullPolicy]}`,
+    `--pull ${pullOf(inst, "exporter")}`,
     "--network none --user 0 --entrypoint cp",
     `--volume ${volumeName(inst.name)}:/shared:z`,
     image.image,

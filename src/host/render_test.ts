@@ -1,7 +1,8 @@
 import assert from "node:assert/strict";
 import { Buffer } from "node:buffer";
 import { parse } from "yaml";
-import { renderInstance, unitValue } from "./render.ts";
+import { floatingImage, instanceOf, pullOf, renderInstance, statedPullPolicy, unitValue } from "./render.ts";
+import type { ExporterSet, VirtualTargetClass } from "../api/types.ts";
 import { PEM, seedInstance, seedParams } from "../../test/fixtures.ts";
 
 const fileOf = (r: ReturnType<typeof renderInstance>, suffix: string) => {
@@ -231,7 +232,7 @@ Deno.test("quadlets: ownership, images, shared volume and netns, kvm to both, at
 
   const noKvm = renderInstance(seedInstance({ params: { ...seedParams, runtime: { kvm: false, devices: [] } } }));
   for (const f of noKvm.files) assert.doesNotMatch(f.content, /AddDevice/);
-  assert.match(fileOf(noKvm, "-runtime.container").content, /^Pull=missing$/m);
+  assert.match(fileOf(noKvm, "-runtime.container").content, /^Pull=newer$/m, "the seed's :latest, no policy stated");
 });
 
 Deno.test("ExitAndReplace: an exporter that ends cleanly stays down; InPlaceReuse: it always comes back", () => {
@@ -322,4 +323,78 @@ Deno.test("golden: the seed's instance renders exactly testdata/seed/* (UPDATE_G
     if (update) await Deno.writeTextFile(golden, f.content);
     assert.equal(f.content, await Deno.readTextFile(golden), `${f.path} differs from ${golden.pathname}`);
   }
+});
+
+Deno.test("floatingImage: :latest and untagged float, other tags and digests are pinned", () => {
+  for (
+    const image of [
+      "quay.io/jumpstarter-dev/jumpstarter:latest",
+      "quay.io/jumpstarter-dev/jumpstarter",
+      "registry.example.com:5000/lab/jumpstarter",
+      "registry.example.com:5000/lab/jumpstarter:latest",
+      "jumpstarter",
+    ]
+  ) assert.equal(floatingImage(image), true, image);
+  for (
+    const image of [
+      "quay.io/jumpstarter-dev/jumpstarter:0.9.0",
+      "registry.example.com:5000/lab/jumpstarter:v1",
+      "quay.io/jumpstarter-dev/jumpstarter@sha256:" + "a".repeat(64),
+      "quay.io/jumpstarter-dev/jumpstarter:latest@sha256:" + "a".repeat(64),
+      "registry.example.com:5000/lab/jumpstarter@sha256:" + "a".repeat(64),
+    ]
+  ) assert.equal(floatingImage(image), false, image);
+});
+
+Deno.test("pull policy: unstated, :latest is Pull=newer and pinned images missing; a stated policy is followed", () => {
+  const LATEST = "quay.io/jumpstarter-dev/jumpstarter:latest";
+  const PINNED = "quay.io/jumpstarter-dev/jumpstarter:0.9.0";
+  const inst = (image: string, pullPolicy: "Always" | "IfNotPresent" | "Never", stated: boolean) =>
+    seedInstance({
+      params: { ...seedParams, images: { ...seedParams.images, exporter: { image, pullPolicy } } },
+      statedPullPolicy: stated ? ["exporter"] : [],
+    });
+  const cases: [string, "Always" | "IfNotPresent" | "Never", boolean, string][] = [
+    [LATEST, "IfNotPresent", false, "newer"],
+    ["quay.io/jumpstarter-dev/jumpstarter", "IfNotPresent", false, "newer"],
+    [PINNED, "IfNotPresent", false, "missing"],
+    [`${PINNED}@sha256:${"b".repeat(64)}`, "IfNotPresent", false, "missing"],
+    [LATEST, "IfNotPresent", true, "missing"],
+    [LATEST, "Always", true, "always"],
+    [LATEST, "Never", true, "never"],
+    [PINNED, "Always", true, "always"],
+    [PINNED, "Never", true, "never"],
+  ];
+  for (const [image, policy, stated, want] of cases) {
+    const i = inst(image, policy, stated);
+    assert.equal(pullOf(i, "exporter"), want, `${image} ${policy} stated=${stated}`);
+    const r = renderInstance(i);
+    // the exporter quadlet and the runtime's staging of the launcher from the exporter image agree
+    assert.match(fileOf(r, "-exporter.container").content, new RegExp(`^Pull=${want}$`, "m"));
+    assert.match(
+      fileOf(r, "-runtime.container").content,
+      new RegExp(`^ExecStartPre=podman run .* --pull ${want} `, "m"),
+    );
+  }
+  // the runtime image follows its own policy, unstated here: the seed's :latest
+  assert.match(fileOf(renderInstance(inst(PINNED, "Never", true)), "-runtime.container").content, /^Pull=newer$/m);
+});
+
+Deno.test("statedPullPolicy and instanceOf: what the set or the class states, per image", () => {
+  const cls = { metadata: { name: "c", namespace: "ns" }, spec: {} } as VirtualTargetClass;
+  const set = {
+    metadata: { name: "s", namespace: "ns" },
+    spec: { virtualTargetClassName: "c" },
+  } as ExporterSet;
+  assert.deepEqual(statedPullPolicy(cls, set), []);
+  cls.spec.images = { runtime: { imagePullPolicy: "IfNotPresent" } };
+  assert.deepEqual(statedPullPolicy(cls, set), ["runtime"]);
+  set.spec.images = { exporter: { imagePullPolicy: "Always" } };
+  assert.deepEqual(statedPullPolicy(cls, set), ["exporter", "runtime"]);
+  set.spec.images = { exporter: { image: "x:latest" } };
+  assert.deepEqual(statedPullPolicy(cls, set), ["runtime"], "an image alone states no policy");
+  const inst = instanceOf(set, cls, seedParams, { name: "s-1", uid: "u", endpoint: "e:1", token: "t", caBundle: "" });
+  assert.deepEqual(inst.statedPullPolicy, ["runtime"]);
+  assert.equal(pullOf(inst, "runtime"), "missing", "IfNotPresent stated on a :latest image is followed");
+  assert.equal(pullOf(inst, "exporter"), "newer");
 });

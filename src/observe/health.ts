@@ -6,12 +6,14 @@ export interface HealthServer {
   shutdown(): Promise<void>;
 }
 
-/** Parses controller-runtime style addresses: ":8081", "0.0.0.0:8081", "127.0.0.1:0". "0" means disabled. */
+/**
+ * Parses controller-runtime style addresses: ":8081", "0.0.0.0:8081", "127.0.0.1:0", "[::]:8081". "0" means disabled.
+ */
 export function parseBindAddress(addr: string): { hostname: string; port: number } | undefined {
   if (addr === "0" || addr === "") return undefined;
   const m = /^(.*):(\d+)$/.exec(addr);
   if (!m) throw new Error(`invalid bind address "${addr}" (expected HOST:PORT, :PORT or 0 to disable)`);
-  return { hostname: m[1] || "0.0.0.0", port: Number(m[2]) };
+  return { hostname: m[1].replace(/^\[(.*)\]$/, "$1") || "0.0.0.0", port: Number(m[2]) };
 }
 
 export function serveHealth(

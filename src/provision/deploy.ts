@@ -11,7 +11,7 @@ import { decodeSecretValue, type LabTarget } from "./credentials.ts";
 import type { AppliedState, Context } from "./context.ts";
 import { leaseHolding, leaseState } from "./leases.ts";
 import { HOST_ANNOTATION, RECLAIM_ANNOTATION, wasDeployed } from "./marks.ts";
-import { errorText } from "./problems.ts";
+import { applyFailureReason, applyFailureText, errorText } from "./problems.ts";
 import type { Problem, Waits } from "./status.ts";
 import { withDefaults } from "./plan.ts";
 import { parseTarget, TARGET_ANNOTATION, targetString } from "./targets.ts";
@@ -117,7 +117,7 @@ async function deploy(
 
   const token = decodeSecretValue(ctx.caches.secrets.get(ns, e.status!.credential!.name), "token");
   if (!token) throw new Error(`Secret ${ns}/${e.status!.credential!.name} has no token yet`);
-  const instance = instanceOf(set, params, {
+  const instance = instanceOf(set, cls, params, {
     name,
     uid: e.metadata.uid!,
     endpoint: e.status!.endpoint!,
@@ -147,7 +147,7 @@ async function deploy(
     deferRestart,
   });
   ctx.metrics.deploySeconds.observe({ host: target.host }, (performance.now() - started) / 1000);
-  if (report.errors.length) throw new DeployError(report.errors.join("; "), report.errorCode);
+  if (report.errors.length) throw new DeployError(applyFailureText(target.host, report.errors), report.errorCode);
   if (report.changed.length && !last) {
     ctx.recorder.event(
       e,
@@ -251,7 +251,7 @@ class LeftBehind extends Error {
 
 function problemReason(err: unknown): string {
   if (err instanceof LeftBehind) return "MoveBlocked";
-  if (err instanceof DeployError && err.code === "kvm-missing") return "KvmMissing";
+  if (err instanceof DeployError) return applyFailureReason(err.code);
   const kind = (err as { kind?: string })?.kind;
   if (kind === "hostkey") return "HostKeyRejected";
   if (kind === "auth") return "AuthenticationFailed";

@@ -7,6 +7,25 @@ const TRANSIENT_PROBLEMS = new Set(["HostUnreachable", "TeardownFailed", "MoveBl
 const TRANSIENT_RETRY_MS = 10_000;
 const PROBLEM_RETRY_MS = 30_000;
 
+/**
+ * Refusals of the apply script that a person fixes on the host, by error code (host/remote.ts), under their own
+ * reason; any other failed apply is DeployFailed.
+ */
+const REFUSAL_REASONS = new Map([
+  ["kvm-missing", "KvmMissing"],
+  ["podman-too-old", "PodmanTooOld"],
+]);
+
+/** The reason a failed apply is reported under, from its first error's code. */
+export function applyFailureReason(code: string | undefined): string {
+  return REFUSAL_REASONS.get(code ?? "") ?? "DeployFailed";
+}
+
+/** A failed apply in status and events: the host it ran on, then each error as `code: message`. */
+export function applyFailureText(host: string, errors: string[]): string {
+  return `on ${host}: ${errors.join("; ")}`;
+}
+
 /** A set is looked at again at least every `resyncMs`, sooner with problems: `--resync` bounds every interval. */
 export function retryAfterMs(resyncMs: number, problems: Problem[]): number {
   if (problems.some((p) => TRANSIENT_PROBLEMS.has(p.reason))) return Math.min(resyncMs, TRANSIENT_RETRY_MS);
