@@ -28,6 +28,8 @@ export interface RunOptions {
   logFormat: "text" | "json";
   resyncMs: number;
   sweepMs: number;
+  /** undefined: the controller's default. */
+  concurrency?: number;
   /** --lab-hosts as given: the network permission already enforces it; named here in refusals. */
   labHosts: string;
   hostAliases: Record<string, string>;
@@ -79,6 +81,7 @@ export async function runController(o: RunOptions): Promise<number> {
     namespace: o.namespace,
     resyncMs: o.resyncMs,
     sweepMs: o.sweepMs,
+    concurrency: o.concurrency,
     metrics,
     fence: fence.signal,
   });

@@ -67,6 +67,9 @@ Deno.test("cli: --resync and --sweep-interval set how often sets and hosts are l
   const set = parseRunFlags(["--resync", "20", "--sweep-interval", "60"]);
   assert.deepEqual([set.resyncMs, set.sweepMs], [20_000, 60_000]);
   assert.throws(() => parseRunFlags(["--sweep-interval", "0"]), /--sweep-interval must be a number of seconds >= 1/);
+  assert.equal(parseRunFlags([]).concurrency, undefined, "the controller's default");
+  assert.equal(parseRunFlags(["--max-concurrent-reconciles=8"]).concurrency, 8);
+  assert.throws(() => parseRunFlags(["--max-concurrent-reconciles=0"]), /--max-concurrent-reconciles must be/);
 });
 
 Deno.test("cli: crds prints the bundled CRDs, identical to crds/", async () => {

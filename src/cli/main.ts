@@ -32,6 +32,8 @@ run flags:
   --resync SECONDS                    re-apply every instance at least this often (default 300); problems are
                                       retried after 30 s (10 s while a host is unreachable), or this if shorter
   --sweep-interval SECONDS            look for orphaned instances on the lab hosts this often (default 300)
+  --max-concurrent-reconciles N       ExporterSets reconciled at once (default 32); one set is never
+                                      reconciled twice at once
   --lab-hosts LIST                    the lab hosts the controller may connect to, comma-separated host names,
                                       addresses and CIDRs, each with an optional :PORT (default: $${LAB_HOSTS_ENV},
                                       else ${DEFAULT_LAB_HOSTS}); nothing else is reachable
@@ -98,6 +100,7 @@ export function parseRunFlags(args: string[]) {
       "log-format": { type: "string", default: "text" },
       resync: { type: "string", default: "300" },
       "sweep-interval": { type: "string", default: "300" },
+      "max-concurrent-reconciles": { type: "string" },
       "lab-hosts": { type: "string" },
       "host-alias": { type: "string", multiple: true, default: [] },
     },
@@ -115,6 +118,11 @@ export function parseRunFlags(args: string[]) {
   if (format !== "text" && format !== "json") throw new UsageError(`--log-format must be text or json`);
   const resync = seconds(values.resync, "--resync");
   const sweep = seconds(values["sweep-interval"], "--sweep-interval");
+  const max = values["max-concurrent-reconciles"];
+  const concurrency = max === undefined ? undefined : Number(max);
+  if (concurrency !== undefined && (!Number.isInteger(concurrency) || concurrency < 1)) {
+    throw new UsageError("--max-concurrent-reconciles must be a whole number >= 1");
+  }
   const labHosts = values["lab-hosts"] ?? (Deno.env.get(LAB_HOSTS_ENV) || DEFAULT_LAB_HOSTS);
   let hostAliases: Record<string, string>;
   try {
@@ -136,6 +144,7 @@ export function parseRunFlags(args: string[]) {
     logFormat: format as "text" | "json",
     resyncMs: resync * 1000,
     sweepMs: sweep * 1000,
+    concurrency,
     warnings: ignored.map((f) => `--${f} is accepted for kubebuilder compatibility and has no effect here`),
   };
 }

@@ -20,6 +20,12 @@ import { sweep, sweepLoop } from "./sweep.ts";
 /** The controller's caches: what reconciling reads (Caches), plus the watches that keep them and route events. */
 export type Informers = { [K in keyof Cached]: Informer<Cached[K]> };
 
+/**
+ * A reconcile spends nearly all its time waiting for SSH; with 4 at once, 500 sets applied together queued for minutes
+ * while the hosts and the CPU idled (bench/results/scale-findings.md). Each set stays one reconcile at a time.
+ */
+export const DEFAULT_CONCURRENCY = 32;
+
 export interface ControllerOptions {
   client: KubeClient;
   hosts: HostOps;
@@ -27,6 +33,7 @@ export interface ControllerOptions {
   provisioner: string;
   /** Limit every watch to this namespace (the operator's namespaced Role). */
   namespace?: string;
+  /** ExporterSets reconciled at once (--max-concurrent-reconciles); each is mostly waiting on its lab host. */
   concurrency?: number;
   resyncMs?: number;
   sweepMs?: number;
@@ -73,7 +80,7 @@ export class Controller {
       resyncMs: opts.resyncMs ?? 5 * 60_000,
     });
     this.queue = new WorkQueue({
-      concurrency: opts.concurrency ?? 4,
+      concurrency: opts.concurrency ?? DEFAULT_CONCURRENCY,
       process: (key) => reconcile(this.ctx, key),
       onError: (key, e, retryIn) =>
         log.warn("reconcile failed", { exporterSet: key, error: String(e), retryInMs: Math.round(retryIn) }),

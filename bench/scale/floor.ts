@@ -1,0 +1,74 @@
+/**
+ * The floor: what the hosts themselves need. The very scripts the controller sends (the project's LabHosts over its
+ * SshPool, rendered by the project's own code), for every instance at once, over connections opened beforehand, so
+ * nothing but the hosts (and the SSH transport) is timed: no Kubernetes, no queue, no handshakes.
+ */
+import process from "node:process";
+import { LabHosts } from "../../src/host/lab.ts";
+import { SshPool } from "../../src/host/ssh.ts";
+import type { Placement } from "../fleet.ts";
+import { sshTargetOf } from "../fleet.ts";
+import type { SshTarget } from "../../src/host/ssh.ts";
+import type { LabHost } from "../../test/labhost/labhost.ts";
+
+export interface FloorResult {
+  deploySeconds: number;
+  teardownSeconds: number;
+  /** Commands the pool ran per phase (one per instance when nothing failed). */
+  deployCommands: number;
+  teardownCommands: number;
+  /** Connections opened while timing (0: all were open before). */
+  connectionsDuringPhases: number;
+  /** CPU seconds of this process (ssh2 client side) per phase. */
+  clientCpu: { deploy: number; teardown: number };
+}
+
+const cpuSeconds = () => {
+  const u = process.cpuUsage();
+  return (u.user + u.system) / 1e6;
+};
+
+export async function measureFloor(placement: Placement): Promise<FloorResult> {
+  const pool = new SshPool({ commandTimeoutMs: 600_000, connectTimeoutMs: 60_000 });
+  const lab = new LabHosts(pool);
+  const targets = new Map<LabHost, SshTarget>();
+  try {
+    // every connection opened before the clock starts
+    await Promise.all(placement.map(async ({ host }) => {
+      const t = await sshTargetOf(host);
+      targets.set(host, t);
+      const r = await pool.exec(t, "true");
+      if (r.code !== 0) throw new Error(`${host.name}: warm-up exit ${r.code}`);
+    }));
+    const opened = pool.stats().connectionsOpened;
+    const c0 = pool.stats().commands;
+    let cpu = cpuSeconds();
+    let t = performance.now();
+    await Promise.all(placement.flatMap(({ host, instances }) =>
+      instances.map(async (r) => {
+        const out = await lab.apply(targets.get(host)!, r, { kvmRequired: true, keepExited: true });
+        if (!out.ready) throw new Error(`floor: ${host.name}/${r.name} not ready: ${out.errors.join("; ")}`);
+      })
+    ));
+    const deploySeconds = (performance.now() - t) / 1000;
+    const deployCpu = cpuSeconds() - cpu;
+    const c1 = pool.stats().commands;
+    cpu = cpuSeconds();
+    t = performance.now();
+    await Promise.all(
+      placement.flatMap(({ host, instances }) => instances.map((r) => lab.remove(targets.get(host)!, r.name, r.uid))),
+    );
+    const teardownSeconds = (performance.now() - t) / 1000;
+    const teardownCpu = cpuSeconds() - cpu;
+    return {
+      deploySeconds,
+      teardownSeconds,
+      deployCommands: c1 - c0,
+      teardownCommands: pool.stats().commands - c1,
+      connectionsDuringPhases: pool.stats().connectionsOpened - opened,
+      clientCpu: { deploy: deployCpu, teardown: teardownCpu },
+    };
+  } finally {
+    await pool.close();
+  }
+}

@@ -1,0 +1,333 @@
+/**
+ * One size of the scale benchmark: the floor (the host scripts straight over open connections), then the controller
+ * converging N ExporterSets of M instances applied at once, a steady-state window, and deleting them all.
+ */
+import { join } from "node:path";
+import type { Exporter, ExporterSet, KubeObject } from "../../src/api/types.ts";
+import { EXPORTER_SETS, EXPORTERS, NAMESPACES, SECRETS, VIRTUAL_TARGET_CLASSES } from "../../src/kube/resources.ts";
+import { startFakeJumpstarter } from "../../test/fake_jumpstarter.ts";
+import {
+  acceptedConnections,
+  hostMemory,
+  leftovers,
+  type ScaleHost,
+  sessions,
+  uptime,
+} from "../../test/scalehost/scalehost.ts";
+import type { Cluster } from "../cluster.ts";
+import { renderFleet, seedFor } from "../fleet.ts";
+import { total } from "../prom.ts";
+import { percentile } from "../stats.ts";
+import { type FloorResult, measureFloor } from "./floor.ts";
+import { type LiveHeap, type ProfileSummary, ScaleController } from "./controller.ts";
+
+export interface Phase {
+  seconds: number;
+  cpuSeconds: number;
+  /** The controller's own count (rest_client_requests_total). */
+  apiRequests: number;
+  /** At the API server (apiserver_request_total, resources, without coordination) minus the bench's and fake's. */
+  apiRequestsServerSide: number;
+  /** Commands the hosts ran (session-recorder), and the controller's qemu_ssh_command_seconds_count. */
+  sshCommands: number;
+  sshCommandsMetric: number;
+  /** Connections the hosts' sshd accepted, and the controller's qemu_ssh_connections_opened_total. */
+  sshConnections: number;
+  sshConnectionsMetric: number;
+  reconciles: number;
+  /** The whole machine's CPU use over the phase (all processes, other people's too), in cores busy on average. */
+  machineCoresBusy: number;
+  profile?: ProfileSummary;
+  /** With --profile: the live heap after a full GC at the end of the phase, and what allocated it. */
+  heap?: LiveHeap;
+}
+
+export interface SizeResult {
+  hosts: number;
+  perHost: number;
+  instances: number;
+  floor: FloorResult;
+  converge: Phase & {
+    /** Seconds from the first create to the last set Available, at percentiles over sets. */
+    setAvailable: { p50: number; p95: number; max: number };
+    /** Seconds until every Exporter had its credentials from the fake Jumpstarter. */
+    credentialsSeconds: number;
+  };
+  steady?: Phase & {
+    minutes: number;
+    resyncSeconds: number;
+    /** Commands per host per resync interval, by script kind. */
+    perHostPerResync: Record<string, number>;
+    apiRequestsPerMinute: number;
+  };
+  teardown: Phase & { leftovers: string[] };
+  rssMiB: { idle: number; converged: number; peak: number; afterTeardown: number };
+  /** (converged - idle) / instances, KiB. */
+  kibPerInstanceAboveIdle: number;
+  hostMemory: { pssKiBPerHost: number; tmpfsKiBPerHost: number; processesPerHost: number };
+  controllerLog: string;
+}
+
+interface Snap {
+  at: number;
+  up: number;
+  cpu: number;
+  rss: number;
+  peak: number;
+  api: number;
+  served: number;
+  own: number;
+  sshCmds: number;
+  sshConns: number;
+  reconciles: number;
+  accepted: number;
+  /** /proc/stat: jiffies busy and total, all CPUs. */
+  busy: number;
+  jiffies: number;
+}
+
+async function machineCpu(): Promise<{ busy: number; jiffies: number }> {
+  const line = (await Deno.readTextFile("/proc/stat")).split("\n")[0].split(/\s+/).slice(1).map(Number);
+  const [user, nice, system, idle, iowait, irq, softirq, steal] = line;
+  const busy = user + nice + system + irq + softirq + (steal ?? 0);
+  return { busy, jiffies: busy + idle + iowait };
+}
+
+export interface RunOptions {
+  cluster: Cluster;
+  hosts: ScaleHost[];
+  perHost: number;
+  dir: string;
+  steadyMinutes: number;
+  resyncSeconds: number;
+  profile: boolean;
+  /** Extra `deno run` flags for the controller. */
+  controllerFlags?: string[];
+  /** Skip the floor (its figures are NaN): for experiments on the controller alone. */
+  skipFloor?: boolean;
+  log: (msg: string) => void;
+}
+
+/** Runs `fn` over `items` with at most `n` in flight. */
+async function limited<T>(items: T[], n: number, fn: (t: T) => Promise<unknown>): Promise<void> {
+  let next = 0;
+  await Promise.all(Array.from({ length: Math.min(n, items.length) }, async () => {
+    while (next < items.length) await fn(items[next++]);
+  }));
+}
+
+async function until(what: string, timeoutMs: number, everyMs: number, check: () => Promise<boolean>) {
+  const deadline = Date.now() + timeoutMs;
+  while (!await check()) {
+    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs / 1000} s: ${what}`);
+    await new Promise((r) => setTimeout(r, everyMs));
+  }
+}
+
+export async function runSize(o: RunOptions): Promise<SizeResult> {
+  const { cluster, hosts, perHost, log } = o;
+  const kube = cluster.bench;
+  const n = hosts.length;
+  const instances = n * perHost;
+  const fleet = hosts.map(() => perHost);
+
+  // ---- floor
+  const floorSeed = await seedFor(`floor-${n}`, hosts, fleet);
+  const floor: FloorResult = o.skipFloor
+    ? {
+      deploySeconds: NaN,
+      teardownSeconds: NaN,
+      deployCommands: 0,
+      teardownCommands: 0,
+      connectionsDuringPhases: 0,
+      clientCpu: { deploy: NaN, teardown: NaN },
+    }
+    : await measureFloor(renderFleet(floorSeed, fleet));
+  const afterFloor = await leftovers();
+  if (afterFloor.length) throw new Error(`floor left instances: ${afterFloor.slice(0, 5).join("; ")}`);
+  log(
+    `${n}x${perHost}: floor deploy ${floor.deploySeconds.toFixed(1)} s, remove ${floor.teardownSeconds.toFixed(1)} s`,
+  );
+
+  // ---- the controller's world
+  const ns = `scale-${n}x${perHost}-${crypto.randomUUID().slice(0, 4)}`;
+  const seed = await seedFor(ns, hosts, fleet);
+  await kube.create(NAMESPACES, { metadata: { name: ns } });
+  await kube.create(SECRETS, seed.secret);
+  await kube.create(VIRTUAL_TARGET_CLASSES, seed.cls);
+  const fake = startFakeJumpstarter(cluster.jumpstarter, ns);
+  const logPath = join(o.dir, `controller-${ns}.log`);
+  const controller = await ScaleController.start({
+    kubeconfig: cluster.cp.kubeconfigPath,
+    namespace: ns,
+    logPath,
+    args: [`--resync=${o.resyncSeconds}`, `--sweep-interval=${o.resyncSeconds}`, "--log-level=warn"],
+    inspect: o.profile,
+    denoFlags: o.controllerFlags,
+  });
+  const snap = async (): Promise<Snap> => {
+    const [proc, m, served, up, accepted, cpu] = await Promise.all([
+      controller.proc(),
+      controller.metrics(),
+      cluster.served(),
+      uptime(),
+      Promise.all(hosts.map(acceptedConnections)).then((a) => a.reduce((x, y) => x + y, 0)),
+      machineCpu(),
+    ]);
+    return {
+      at: performance.now(),
+      up,
+      cpu: proc.cpuSeconds,
+      rss: proc.rssMiB,
+      peak: proc.peakRssMiB,
+      api: total(m, "rest_client_requests_total"),
+      served,
+      own: cluster.ownRequests(),
+      sshCmds: total(m, "qemu_ssh_command_seconds_count"),
+      sshConns: total(m, "qemu_ssh_connections_opened_total"),
+      reconciles: total(m, "controller_runtime_reconcile_total"),
+      accepted,
+      busy: cpu.busy,
+      jiffies: cpu.jiffies,
+    };
+  };
+  const hostSessions = async (a: Snap, b: Snap) => {
+    const per = await Promise.all(
+      hosts.map(async (h) => (await sessions(h)).filter((s) => s.at > a.up && s.at <= b.up)),
+    );
+    return per;
+  };
+  const phase = async (a: Snap, b: Snap): Promise<Phase> => ({
+    seconds: (b.at - a.at) / 1000,
+    cpuSeconds: b.cpu - a.cpu,
+    apiRequests: b.api - a.api,
+    apiRequestsServerSide: (b.served - a.served) - (b.own - a.own),
+    sshCommands: (await hostSessions(a, b)).reduce((x, s) => x + s.length, 0),
+    sshCommandsMetric: b.sshCmds - a.sshCmds,
+    sshConnections: b.accepted - a.accepted,
+    sshConnectionsMetric: b.sshConns - a.sshConns,
+    reconciles: b.reconciles - a.reconciles,
+    machineCoresBusy: ((b.busy - a.busy) / Math.max(1, b.jiffies - a.jiffies)) * navigator.hardwareConcurrency,
+  });
+  const profilePath = (what: string) => join(o.dir, `${ns}-${what}.cpuprofile`);
+
+  try {
+    await new Promise((r) => setTimeout(r, 2000)); // let start-up settle before "idle"
+    const s0 = await snap();
+    log(`${n}x${perHost}: controller idle RSS ${s0.rss.toFixed(0)} MiB; creating ${n} ExporterSets`);
+
+    // ---- converge
+    await controller.startProfile();
+    const t0 = performance.now();
+    const availableAt = new Map<string, number>();
+    let credentialsAt = NaN;
+    await limited(seed.sets, 32, ({ set }) => kube.create(EXPORTER_SETS, set as KubeObject));
+    log(`${n}x${perHost}: sets created after ${((performance.now() - t0) / 1000).toFixed(1)} s`);
+    await until(`${n}x${perHost}: every ExporterSet Available`, Math.max(600_000, instances * 150), 1000, async () => {
+      const sets = (await kube.list<ExporterSet>(EXPORTER_SETS, ns)).items;
+      const now = (performance.now() - t0) / 1000;
+      for (const s of sets) {
+        const ok = s.status?.readyReplicas === perHost &&
+          s.status?.conditions?.some((c) => c.type === "Available" && c.status === "True");
+        if (ok && !availableAt.has(s.metadata.name!)) availableAt.set(s.metadata.name!, now);
+      }
+      if (Number.isNaN(credentialsAt)) {
+        const ex = (await kube.list<Exporter>(EXPORTERS, ns)).items;
+        if (ex.length === instances && ex.every((e) => e.status?.credential)) credentialsAt = now;
+      }
+      return availableAt.size === n;
+    });
+    const s1 = await snap();
+    const convergeProfile = await controller.stopProfile(profilePath("converge"));
+    const convergeHeap = await controller.liveHeap();
+    const times = [...availableAt.values()];
+    const converge = {
+      ...await phase(s0, s1),
+      profile: convergeProfile,
+      heap: convergeHeap,
+      setAvailable: { p50: percentile(times, 50), p95: percentile(times, 95), max: Math.max(...times) },
+      credentialsSeconds: credentialsAt,
+    };
+    converge.seconds = (s1.at - t0) / 1000;
+    log(
+      `${n}x${perHost}: all Available after ${converge.seconds.toFixed(1)} s; CPU ${
+        converge.cpuSeconds.toFixed(1)
+      } s, RSS ${s1.rss.toFixed(0)} MiB (peak ${s1.peak.toFixed(0)})`,
+    );
+    const mem = await hostMemory();
+
+    // ---- steady state
+    let steady: SizeResult["steady"];
+    if (o.steadyMinutes > 0) {
+      log(`${n}x${perHost}: steady state for ${o.steadyMinutes} min (resync ${o.resyncSeconds} s)`);
+      const a = await snap();
+      await controller.startProfile();
+      await new Promise((r) => setTimeout(r, o.steadyMinutes * 60_000));
+      const b = await snap();
+      const p = await phase(a, b);
+      p.profile = await controller.stopProfile(profilePath("steady"));
+      p.heap = await controller.liveHeap();
+      const per = await hostSessions(a, b);
+      const intervals = p.seconds / o.resyncSeconds;
+      const byKind: Record<string, number> = {};
+      for (const list of per) {
+        for (const s of list) {
+          const kind = /: (\w+)$/.exec(s.what)?.[1] ?? /^sh -s # (\w+)$/.exec(s.what)?.[1] ?? "other";
+          byKind[kind] = (byKind[kind] ?? 0) + 1;
+        }
+      }
+      for (const k of Object.keys(byKind)) byKind[k] = byKind[k] / n / intervals;
+      byKind.all = p.sshCommands / n / intervals;
+      steady = {
+        ...p,
+        minutes: p.seconds / 60,
+        resyncSeconds: o.resyncSeconds,
+        perHostPerResync: byKind,
+        apiRequestsPerMinute: p.apiRequests / (p.seconds / 60),
+      };
+      log(`${n}x${perHost}: steady: ${JSON.stringify(byKind)} SSH commands per host per resync`);
+    }
+
+    // ---- teardown
+    const s2 = await snap();
+    await controller.startProfile();
+    const t2 = performance.now();
+    await limited(seed.sets, 32, ({ set }) => kube.delete(EXPORTER_SETS, ns, set.metadata.name!));
+    await until(`${n}x${perHost}: every Exporter gone`, Math.max(600_000, instances * 150), 1000, async () => {
+      return (await kube.list<Exporter>(EXPORTERS, ns)).items.length === 0;
+    });
+    const s3 = await snap();
+    const teardownProfile = await controller.stopProfile(profilePath("teardown"));
+    const teardownHeap = await controller.liveHeap();
+    const left = await leftovers();
+    const teardown = {
+      ...await phase(s2, s3),
+      seconds: (s3.at - t2) / 1000,
+      profile: teardownProfile,
+      heap: teardownHeap,
+      leftovers: left,
+    };
+    log(`${n}x${perHost}: all deleted after ${teardown.seconds.toFixed(1)} s; ${left.length} hosts with leftovers`);
+
+    return {
+      hosts: n,
+      perHost,
+      instances,
+      floor,
+      converge,
+      steady,
+      teardown,
+      rssMiB: { idle: s0.rss, converged: s1.rss, peak: s3.peak, afterTeardown: s3.rss },
+      kibPerInstanceAboveIdle: ((s1.rss - s0.rss) * 1024) / instances,
+      hostMemory: {
+        pssKiBPerHost: mem.pssKiB / n,
+        tmpfsKiBPerHost: mem.tmpfsKiB / n,
+        processesPerHost: mem.processes / n,
+      },
+      controllerLog: logPath,
+    };
+  } finally {
+    await controller.stop();
+    await fake.stop();
+  }
+}
