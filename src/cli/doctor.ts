@@ -18,7 +18,7 @@ import { fingerprint, lookup } from "../host/known_hosts.ts";
 import { checkPrivateKey, type PrivateKeyCheck } from "../host/ssh_key.ts";
 import { SshError, SshPool, type SshTarget } from "../host/ssh.ts";
 import { LabHosts } from "../host/lab.ts";
-import { parseHostAliases } from "../host/lab_hosts.ts";
+import { netAddress, parseHostAliases } from "../host/lab_hosts.ts";
 import { type HostInspection, MIN_PODMAN, podmanTooOld, shellCommand, shQuote } from "../host/remote.ts";
 import { consoleIo, type Io, parseFlags } from "./render.ts";
 
@@ -465,7 +465,7 @@ async function checkHost(s: Subject, report: Report): Promise<void> {
 /** A TCP connection and sshd's greeting, so "unreachable" and "not an SSH server" are told apart from SSH trouble. */
 async function checkTcp(t: SshTarget, report: Report): Promise<boolean> {
   const address = t.address ?? t.host;
-  const where = address.includes(":") ? `[${address}]:${t.port}` : `${address}:${t.port}`;
+  const where = netAddress(address, t.port);
   let conn: Deno.TcpConn;
   try {
     conn = await Deno.connect({ hostname: address, port: t.port, signal: AbortSignal.timeout(TCP_TIMEOUT_MS) });

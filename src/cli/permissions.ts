@@ -7,7 +7,14 @@
  */
 import { parseArgs } from "node:util";
 import { parseBindAddress } from "../observe/health.ts";
-import { DEFAULT_LAB_HOSTS, LAB_HOSTS_ENV, labHostGrants, parseHostAliases, parseLabHosts } from "../host/lab_hosts.ts";
+import {
+  DEFAULT_LAB_HOSTS,
+  LAB_HOSTS_ENV,
+  labHostGrants,
+  netAddress,
+  parseHostAliases,
+  parseLabHosts,
+} from "../host/lab_hosts.ts";
 import { hostPort, kubeconfigNeeds, proxyFromEnvironment, SERVICE_ACCOUNT_DIR } from "../kube/kubeconfig_needs.ts";
 
 /** What src/kube/client.ts reads (an ungranted variable reads as unset there), and the controller's own two. */
@@ -93,7 +100,7 @@ export function commandPermissions(argv: string[], facts: Facts): Permissions {
           ...base,
           env: ["LC_ALL", "LC_CTYPE", "LANG", "HOME", ...YAML_ENV],
           sys: ["homedir"],
-          net: [`${dial.includes(":") ? `[${dial}]` : dial}:${port}`],
+          net: [netAddress(dial, port)],
           read: [facts.code, ...[flags.string("key"), knownHosts].filter((p): p is string => !!p)],
         };
       }
@@ -127,7 +134,7 @@ function labHosts(flag: string | undefined, aliases: string[], facts: Facts): st
 function bindGrant(addr: string): string | undefined {
   try {
     const a = parseBindAddress(addr);
-    return a && `${a.hostname.includes(":") ? `[${a.hostname}]` : a.hostname}:${a.port}`;
+    return a && netAddress(a.hostname, a.port);
   } catch {
     return undefined;
   }
@@ -158,7 +165,7 @@ export function kubeAccess(flag: string | undefined, facts: Facts): KubeAccess {
     ? [home]
     : [];
   if (files.length === 0) {
-    const server = host && port ? `https://${host.includes(":") ? `[${host}]` : host}:${port}` : undefined;
+    const server = host && port ? `https://${netAddress(host, port)}` : undefined;
     return {
       net: server ? [hostPort(server), ...envProxy(server, facts)] : [],
       read: [SERVICE_ACCOUNT_DIR],

@@ -57,12 +57,18 @@ export function parseHostAliases(flags: string[]): Record<string, string> {
  * address, so that address is granted too, with the same port.
  */
 export function labHostGrants(entries: LabHostEntry[], aliases: Record<string, string>): string[] {
-  const grant = (host: string, port?: number) => {
-    const h = host.includes(":") ? `[${host}]` : host;
-    return port === undefined ? h : `${h}:${port}`;
-  };
+  const grant = (host: string, port?: number) => port === undefined ? bracketed(host) : netAddress(host, port);
   return entries.flatMap((e) => {
     const alias = aliases[e.host];
     return alias === undefined ? [grant(e.host, e.port)] : [grant(e.host, e.port), grant(alias, e.port)];
   });
+}
+
+/** `host:port` as Deno's net permission and URLs write it: an IPv6 address in brackets. */
+export function netAddress(host: string, port: number | string): string {
+  return `${bracketed(host)}:${port}`;
+}
+
+function bracketed(host: string): string {
+  return host.includes(":") ? `[${host}]` : host;
 }

@@ -13,6 +13,7 @@ import { Buffer } from "node:buffer";
 import { createHash } from "node:crypto";
 import { checkHostKey, type HostKeyVerdict, knownHostsLine, lookup } from "./known_hosts.ts";
 import { checkPrivateKey } from "./ssh_key.ts";
+import { netAddress } from "./lab_hosts.ts";
 
 export type HostKeyPolicy = "Strict" | "AcceptNew";
 
@@ -694,7 +695,7 @@ function validateTarget(t: SshTarget): void {
 }
 
 function hostPort(t: { host: string; port: number }): string {
-  return t.host.includes(":") ? `[${t.host}]:${t.port}` : `${t.host}:${t.port}`;
+  return netAddress(t.host, t.port);
 }
 
 function label(t: SshTarget): string {
