@@ -87,31 +87,16 @@ export class ControllerProcess {
     return c;
   }
 
-  private async get(path: string): Promise<Response> {
-    const res = await fetch(`http://127.0.0.1:${this.port}${path}`);
-    await res.body?.cancel().catch(() => {});
-    return res;
+  private get(path: string): Promise<Response> {
+    return getFrom(this.port, path);
   }
 
-  async metrics(): Promise<Sample[]> {
-    const res = await fetch(`http://127.0.0.1:${this.port}/metrics`);
-    if (!res.ok) throw new Error(`controller /metrics: ${res.status}`);
-    return parseProm(await res.text());
+  metrics(): Promise<Sample[]> {
+    return metricsFrom(this.port);
   }
 
-  async proc(): Promise<ProcSample> {
-    const [stat, status] = await Promise.all([
-      Deno.readTextFile(`/proc/${this.pid}/stat`),
-      Deno.readTextFile(`/proc/${this.pid}/status`),
-    ]);
-    // fields after the parenthesised command name: state is field 3, utime 14, stime 15
-    const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-    const kib = (key: string) => Number(new RegExp(`^${key}:\\s+(\\d+) kB`, "m").exec(status)?.[1] ?? NaN);
-    return {
-      cpuSeconds: (Number(f[11]) + Number(f[12])) / await ticksPerSecond(),
-      rssMiB: kib("VmRSS") / 1024,
-      peakRssMiB: kib("VmHWM") / 1024,
-    };
+  proc(): Promise<ProcSample> {
+    return procOf(this.pid);
   }
 
   /** SIGTERM (graceful: it finishes in-flight work), SIGKILL after 20 s. */
@@ -135,3 +120,33 @@ export class ControllerProcess {
 }
 
 export const logPath = (dir: string, ns: string) => join(dir, `controller-${ns}.log`);
+
+/** A GET to a controller's health listener, body discarded (readiness and liveness checks). */
+export async function getFrom(port: number, path: string): Promise<Response> {
+  const res = await fetch(`http://127.0.0.1:${port}${path}`);
+  await res.body?.cancel().catch(() => {});
+  return res;
+}
+
+/** A controller's /metrics, parsed. */
+export async function metricsFrom(port: number): Promise<Sample[]> {
+  const res = await fetch(`http://127.0.0.1:${port}/metrics`);
+  if (!res.ok) throw new Error(`controller /metrics: ${res.status}`);
+  return parseProm(await res.text());
+}
+
+/** CPU and memory of a process, from /proc. */
+export async function procOf(pid: number): Promise<ProcSample> {
+  const [stat, status] = await Promise.all([
+    Deno.readTextFile(`/proc/${pid}/stat`),
+    Deno.readTextFile(`/proc/${pid}/status`),
+  ]);
+  // fields after the parenthesised command name: state is field 3, utime 14, stime 15
+  const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+  const kib = (key: string) => Number(new RegExp(`^${key}:\\s+(\\d+) kB`, "m").exec(status)?.[1] ?? NaN);
+  return {
+    cpuSeconds: (Number(f[11]) + Number(f[12])) / await ticksPerSecond(),
+    rssMiB: kib("VmRSS") / 1024,
+    peakRssMiB: kib("VmHWM") / 1024,
+  };
+}

@@ -4,8 +4,8 @@
  * Worker, which the inspector does not profile) with Deno's inspector on a local port (Profiler domain over the
  * DevTools protocol; sampling every 1 ms). CPU time and memory come from /proc (utime + stime, VmRSS, VmHWM).
  */
-import { parseProm, type Sample } from "../prom.ts";
-import type { ProcSample } from "../controller.ts";
+import type { Sample } from "../prom.ts";
+import { getFrom, metricsFrom, procOf, type ProcSample } from "../controller.ts";
 
 const ROOT = new URL("../../", import.meta.url).pathname;
 const READY_TIMEOUT_MS = 120_000;
@@ -118,30 +118,16 @@ export class ScaleController {
     return c;
   }
 
-  async #get(path: string): Promise<Response> {
-    const res = await fetch(`http://127.0.0.1:${this.port}${path}`);
-    await res.body?.cancel().catch(() => {});
-    return res;
+  #get(path: string): Promise<Response> {
+    return getFrom(this.port, path);
   }
 
-  async metrics(): Promise<Sample[]> {
-    const res = await fetch(`http://127.0.0.1:${this.port}/metrics`);
-    if (!res.ok) throw new Error(`controller /metrics: ${res.status}`);
-    return parseProm(await res.text());
+  metrics(): Promise<Sample[]> {
+    return metricsFrom(this.port);
   }
 
-  async proc(): Promise<ProcSample> {
-    const [stat, status] = await Promise.all([
-      Deno.readTextFile(`/proc/${this.pid}/stat`),
-      Deno.readTextFile(`/proc/${this.pid}/status`),
-    ]);
-    const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-    const kib = (key: string) => Number(new RegExp(`^${key}:\\s+(\\d+) kB`, "m").exec(status)?.[1] ?? NaN);
-    return {
-      cpuSeconds: (Number(f[11]) + Number(f[12])) / 100,
-      rssMiB: kib("VmRSS") / 1024,
-      peakRssMiB: kib("VmHWM") / 1024,
-    };
+  proc(): Promise<ProcSample> {
+    return procOf(this.pid);
   }
 
   async #send(method: string, params: Record<string, unknown> = {}): Promise<unknown> {
