@@ -82,7 +82,8 @@ async function pipe(from: Deno.Conn, to: Deno.Conn): Promise<void> {
     }
   } finally {
     try {
-      to.closeWrite();
+      // a Promise: its rejection (the other side closed first) is caught only when awaited
+      await to.closeWrite();
     } catch { /* already closed */ }
   }
 }
