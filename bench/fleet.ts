@@ -5,10 +5,10 @@
 import { Buffer } from "node:buffer";
 import { seedExample } from "../test/env.ts";
 import { FAKE_ENDPOINT } from "../test/fake_jumpstarter.ts";
+import { directTarget } from "../test/e2e_world.ts";
 import { type LabHost, type LabNet, startLabHosts, stopLabHosts } from "../test/labhost/labhost.ts";
 import type { ExporterSet, Secret, VirtualTargetClass } from "../src/api/types.ts";
 import { type RenderedInstance, renderInstance } from "../src/host/render.ts";
-import type { SshTarget } from "../src/host/ssh.ts";
 import { resolveParams } from "../src/provision/params.ts";
 
 /** Never the test suite's or the sandbox's network, so the benchmark can run beside them. */
@@ -37,16 +37,7 @@ export async function startLab(hosts: number): Promise<LabHost[]> {
 export const stopLab = () => stopLabHosts(LAB);
 
 /** How the bench itself reaches a lab host: the lab key, strict host key checking against the lab's known_hosts. */
-export async function sshTargetOf(h: LabHost): Promise<SshTarget> {
-  return {
-    host: h.address,
-    port: h.port,
-    user: h.user,
-    privateKey: await Deno.readTextFile(h.privateKeyPath),
-    knownHosts: await Deno.readTextFile(h.knownHostsPath),
-    hostKeyPolicy: "Strict",
-  };
-}
+export const sshTargetOf = directTarget;
 
 /** The seed's VirtualTargetClass and ExporterSet, one set per host pinned to it, and the credentials Secret. */
 export interface Seed {

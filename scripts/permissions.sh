@@ -7,4 +7,9 @@
 #   --allow-sys           hostname (leader identity), homedir (doctor's ~/.ssh).
 #   --allow-run           only for a kubeconfig's exec credential plugin: the Worker gets that one command.
 #   --unstable-worker-options  lets a Worker have fewer permissions than its parent.
-echo "--no-prompt --unstable-worker-options --allow-net --allow-read --allow-env --allow-sys=hostname,homedir --allow-run"
+# And one flag that is not a permission: V8 sizes its heap from the machine's memory, not the pod's limit, so without
+# a bound the heap fills with garbage it has not bothered to collect until the kernel kills the pod (512Mi in
+# manifests/). 256 MiB holds the live heap of about 15,000 instances (13 KiB each, bench/results/scale-findings.md);
+# QSP_MAX_HEAP_MIB at build time changes it, with the Deployment's memory limit about 250 MiB above it.
+echo "--no-prompt --unstable-worker-options --allow-net --allow-read --allow-env --allow-sys=hostname,homedir --allow-run" \
+  "--v8-flags=--max-old-space-size=${QSP_MAX_HEAP_MIB:-256}"

@@ -120,3 +120,11 @@ export async function seedExample(file: "virtualtargetclass.yaml" | "exporterset
 export function parseYamlDocs(text: string): KubeObject[] {
   return parseAllDocuments(text).map((d) => d.toJS() as KubeObject).filter((o) => o);
 }
+
+/** The launcher's flags, as scripts/permissions.sh prints them: what production runs the controller with. */
+export async function launcherFlags(): Promise<string[]> {
+  const script = new URL("../scripts/permissions.sh", import.meta.url).pathname;
+  const out = await new Deno.Command("sh", { args: [script], stdout: "piped" }).output();
+  if (!out.success) throw new Error(`${script} failed`);
+  return new TextDecoder().decode(out.stdout).trim().split(/\s+/);
+}

@@ -8,7 +8,7 @@
  */
 import assert from "node:assert/strict";
 import { Buffer } from "node:buffer";
-import { freshNamespace, seedExample, testEnv, waitFor } from "./env.ts";
+import { freshNamespace, launcherFlags, seedExample, testEnv, waitFor } from "./env.ts";
 import { startFakeJumpstarter } from "./fake_jumpstarter.ts";
 import { hostExec, type LabHost } from "./labhost/labhost.ts";
 import { KubeClient } from "../src/kube/client.ts";
@@ -18,13 +18,6 @@ import type { Exporter, ExporterSet, Secret } from "../src/api/types.ts";
 const ROOT = new URL("..", import.meta.url).pathname;
 const SEED_HOST = "lab-host-01.example.com";
 const SET = "aarch64-ssh-pool";
-
-/** The launcher's flags, as scripts/permissions.sh prints them. */
-async function launcherFlags(): Promise<string[]> {
-  const out = await new Deno.Command("sh", { args: [`${ROOT}scripts/permissions.sh`], stdout: "piped" }).output();
-  assert.ok(out.success);
-  return new TextDecoder().decode(out.stdout).trim().split(/\s+/);
-}
 
 /** How the program is started: from source (`deno task run:prod`) or as the bundle (`deno task run:bundle`). */
 interface Form {

@@ -1,11 +1,13 @@
 /**
- * The controller as in production (`deno run -A main.ts run ...`, as bench/controller.ts starts it), or, to take V8
+ * The controller as in production (`deno run $(sh scripts/permissions.sh) main.ts run ...`: `deno task run:prod`,
+ * heap bound included), or, to take V8
  * CPU profiles of its phases, the same command line on the main thread (bench/scale/entry.ts: main.ts runs it in a
  * Worker, which the inspector does not profile) with Deno's inspector on a local port (Profiler domain over the
  * DevTools protocol; sampling every 1 ms). CPU time and memory come from /proc (utime + stime, VmRSS, VmHWM).
  */
 import type { Sample } from "../prom.ts";
 import { getFrom, metricsFrom, procOf, type ProcSample } from "../controller.ts";
+import { launcherFlags } from "../../test/env.ts";
 
 const ROOT = new URL("../../", import.meta.url).pathname;
 const READY_TIMEOUT_MS = 120_000;
@@ -80,9 +82,8 @@ export class ScaleController {
     const child = new Deno.Command(Deno.execPath(), {
       args: [
         "run",
-        "-A",
-        // main.ts narrows its Worker's permissions (production's scripts/permissions.sh passes this flag too)
-        "--unstable-worker-options",
+        // as production runs it (heap bound included); the profiled entry runs everything on the main thread
+        ...inspectPort ? ["-A"] : await launcherFlags(),
         ...opts.denoFlags ?? [],
         ...inspectPort ? [`--inspect=127.0.0.1:${inspectPort}`, "bench/scale/entry.ts"] : ["main.ts"],
         "run",

@@ -4,6 +4,7 @@
  * nothing but the hosts (and the SSH transport) is timed: no Kubernetes, no queue, no handshakes.
  */
 import process from "node:process";
+import { drift } from "../../src/host/drift.ts";
 import { LabHosts } from "../../src/host/lab.ts";
 import { SshPool } from "../../src/host/ssh.ts";
 import type { Placement } from "../fleet.ts";
@@ -52,6 +53,16 @@ export async function measureFloor(placement: Placement): Promise<FloorResult> {
     ));
     const deploySeconds = (performance.now() - t) / 1000;
     const deployCpu = cpuSeconds() - cpu;
+    const deployCommands = pool.stats().commands - c0;
+    // untimed: the fakes must report what was applied as a real host would, or the controller's resync checks would
+    // see drift that is not there (test/scalehost_test.ts checks the same on one host)
+    await Promise.all(placement.map(async ({ host, instances }) => {
+      const seen = (await lab.inspect(targets.get(host)!)).instances;
+      for (const r of instances) {
+        const d = drift(r, seen.find((i) => i.name === r.name));
+        if (d.length) throw new Error(`floor: ${host.name}/${r.name} drifted right after its apply: ${d.join("; ")}`);
+      }
+    }));
     const c1 = pool.stats().commands;
     cpu = cpuSeconds();
     t = performance.now();
@@ -63,7 +74,7 @@ export async function measureFloor(placement: Placement): Promise<FloorResult> {
     return {
       deploySeconds,
       teardownSeconds,
-      deployCommands: c1 - c0,
+      deployCommands,
       teardownCommands: pool.stats().commands - c1,
       connectionsDuringPhases: pool.stats().connectionsOpened - opened,
       clientCpu: { deploy: deployCpu, teardown: teardownCpu },

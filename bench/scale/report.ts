@@ -75,7 +75,7 @@ export function markdown(r: ScaleResults): string {
     "World: `test/scalehost/scalehost.sh` (one real OpenSSH sshd per host address in its own mount namespace, the " +
     "project's host scripts run by the machine's sh and coreutils, systemd/Podman/journald replaced by recording " +
     "fakes), `test/controlplane` (kube-apiserver, etcd, kube-controller-manager with its garbage collector), the " +
-    "fake Jumpstarter (`test/fake_jumpstarter.ts`), the controller as `deno run -A main.ts run` " +
+    "fake Jumpstarter (`test/fake_jumpstarter.ts`), the controller as `deno task run:prod run` " +
     `(--resync=${r.resyncSeconds} --sweep-interval=${r.resyncSeconds}; started as ${r.entry}). Everything on the ` +
     "same 2 CPUs.",
     "",

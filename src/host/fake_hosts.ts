@@ -4,7 +4,7 @@
  */
 import { type ApplyOutcome, type HostApplyOptions, type HostOps, HostScriptError } from "./lab.ts";
 import { OWNER_PREFIX, type RenderedInstance } from "./render.ts";
-import type { HostInspection, InspectedInstance } from "./remote.ts";
+import { type HostInspection, type InspectedInstance, sha256 } from "./remote.ts";
 import { SshError, type SshTarget } from "./ssh.ts";
 
 export interface FakeInstance {
@@ -125,7 +125,14 @@ function inspected(i: FakeInstance): InspectedInstance {
     uid: r.uid,
     set: /\bset=(\S+)/.exec(owner)?.[1],
     retain: owner.includes(" reclaim=Retain"),
-    files: [],
+    files: r.files.flatMap((f) =>
+      [f.path, ...f.links].map((path) => ({
+        kind: path.endsWith("-runtime.container") ? "runtime" : path.endsWith(".container") ? "exporter" : "config",
+        path,
+        mode: `${f.mode.toString(8)}:${f.owner}:${f.owner}`,
+        sha256: sha256(f.content),
+      }))
+    ),
     ownerMismatch: false,
     runtime: unit("active"),
     exporter: unit(i.exporter === "active" ? "active" : "inactive"),

@@ -13,6 +13,8 @@
  *   qsp state UNIT ACTIVE SUB RESTARTS     systemd ActiveState, SubState, NRestarts after the apply settled
  *   qsp journal LINE                       the exporter's last journal lines, when it is down, restarted or started
  *   qsp removed WHAT NAME | qsp removed nothing | qsp stopped UNIT
+ *   qsp file KIND NAME PATH OWNER | qsp mode PATH MODE | qsp sha256 PATH HASH | qsp unit UNIT LOAD ACTIVE SUB
+ *     | qsp container ... | qsp volume ...  what inspect found
  *   qsp error CODE MESSAGE                 CODE is one word (see ErrorCode)
  *   qsp done                               the script ran to its end (absent: it died or the connection dropped)
  * Exit status: 0 fine, 2 refused with `qsp error` lines, anything else a step failed (reported as step-failed).
@@ -94,6 +96,8 @@ tmp=
 refused=0
 trap 'rc=$?; [ -z "$tmp" ] || rm -f "$tmp"; [ "$rc" = 0 ] || [ "$refused" = 1 ] || echo "qsp error step-failed $step (exit $rc)"' EXIT
 say() { echo "qsp $*"; }
+nl='
+'
 `;
 
 const UNIT_FN = `# UNIT: one systemctl call for the properties the scripts look at, into load, active, sub, ...
@@ -150,7 +154,7 @@ function sedEscape(s: string): string {
 }
 
 const JOURNAL_LINES = 5;
-const sha256 = (s: string) => createHash("sha256").update(s, "utf8").digest("hex");
+export const sha256 = (s: string) => createHash("sha256").update(s, "utf8").digest("hex");
 const tempGlob = (path: string) => {
   const slash = path.lastIndexOf("/");
   return `${path.slice(0, slash)}/.${path.slice(slash + 1)}.qsp-tmp.`;
@@ -556,12 +560,14 @@ for d in /etc /var/lib/containers; do
 done
 
 step=files
+owned=
 for f in ${q(QUADLET_DIR)}/*-runtime.container ${q(QUADLET_DIR)}/*-exporter.container ${q(CONFIG_DIR)}/*.yaml ${
     q(CONFIG_DIR)
   }/*.d/*.yaml; do
   if [ ! -f "$f" ]; then continue; fi
   o=$(head -n 2 "$f" | sed -n 's/^${sedEscape(OWNER_PREFIX)}//p')
   if [ -z "$o" ]; then continue; fi
+  owned="$owned$f$nl"
   b=\${f##*/}
   case "$b" in
   *-runtime.container) say file runtime "\${b%-runtime.container}" "$f" "$o" ;;
@@ -569,6 +575,13 @@ for f in ${q(QUADLET_DIR)}/*-runtime.container ${q(QUADLET_DIR)}/*-exporter.cont
   *) say file config "\${b%.yaml}" "$f" "$o" ;;
   esac
 done
+
+step=digests
+# what the controller compares with what it rendered (drift): two processes for all files, not two per file
+if [ -n "$owned" ]; then
+  (IFS=$nl && set -f && stat -c '%a:%u:%g %n' $owned) | while read -r m f; do say mode "$f" "$m"; done
+  (IFS=$nl && set -f && sha256sum $owned) | while read -r h f; do say sha256 "$f" "$h"; done
+fi
 
 step=units
 systemctl list-units --all --plain --no-legend --no-pager '*-runtime.service' '*-exporter.service' 2>/dev/null |
@@ -650,8 +663,11 @@ export interface InspectedInstance {
   namespace?: string;
   set?: string;
   uid?: string;
-  /** Files found by kind (runtime and exporter quadlets, config): fewer than three is a half-deployed instance. */
-  files: { kind: "runtime" | "exporter" | "config"; path: string }[];
+  /**
+   * Files found by kind (runtime and exporter quadlets, config): fewer than three is a half-deployed instance. Each
+   * with its mode and owner as MODE:UID:GID (stat's %a:%u:%g) and the sha256 of its content.
+   */
+  files: InspectedFile[];
   /** Deployed under reclaimPolicy Retain: kept on the host when its ExporterSet is deleted. */
   retain?: boolean;
   /** Files whose ownership lines disagree (someone copied files around): do not trust the owner fields. */
@@ -660,6 +676,13 @@ export interface InspectedInstance {
   exporter?: { load: string; active: string; sub: string };
   containers: { name: string; state: string; uid: string }[];
   volume: boolean;
+}
+
+export interface InspectedFile {
+  kind: "runtime" | "exporter" | "config";
+  path: string;
+  mode?: string;
+  sha256?: string;
 }
 
 export interface HostInspection {
@@ -767,6 +790,8 @@ export function parseInspectOutput(stdout: string, stderr: string, exitCode: num
     return i;
   };
   const units: Record<string, { load: string; active: string; sub: string }> = {};
+  const modes = new Map<string, string>();
+  const digests = new Map<string, string>();
   for (const [kind, ...w] of lines) {
     if (kind === "podman" && w[0]) out.podmanVersion = w[0];
     else if (kind === "systemd" && /^[0-9]+/.test(w[0] ?? "")) out.systemdVersion = parseInt(w[0], 10);
@@ -776,13 +801,15 @@ export function parseInspectOutput(stdout: string, stderr: string, exitCode: num
     else if (kind === "file") {
       const [fileKind, name, path, ...owner] = w;
       const i = instance(name);
-      i.files.push({ kind: fileKind as InspectedInstance["files"][number]["kind"], path });
+      i.files.push({ kind: fileKind as InspectedFile["kind"], path });
       const kv = Object.fromEntries(owner.map((p) => p.split("=", 2) as [string, string]));
       if (i.uid === undefined) {
         Object.assign(i, { namespace: kv.namespace, set: kv.set, uid: kv.uid });
         if (kv.reclaim === "Retain") i.retain = true;
       } else if (i.uid !== kv.uid || i.namespace !== kv.namespace) i.ownerMismatch = true;
-    } else if (kind === "unit") units[w[0]] = { load: w[1], active: w[2], sub: w[3] };
+    } else if (kind === "mode") modes.set(w[0], w[1]);
+    else if (kind === "sha256") digests.set(w[0], w[1]);
+    else if (kind === "unit") units[w[0]] = { load: w[1], active: w[2], sub: w[3] };
     else if (kind === "container") instance(w[0]).containers.push({ name: w[1], state: w[2], uid: w[3] });
     else if (kind === "volume") {
       const i = instance(w[0].replace(/^jumpstarter-/, "").replace(/-shared$/, ""));
@@ -791,6 +818,10 @@ export function parseInspectOutput(stdout: string, stderr: string, exitCode: num
     }
   }
   for (const i of byName.values()) {
+    for (const f of i.files) {
+      if (modes.has(f.path)) f.mode = modes.get(f.path);
+      if (digests.has(f.path)) f.sha256 = digests.get(f.path);
+    }
     i.runtime = units[`${i.name}-runtime.service`];
     i.exporter = units[`${i.name}-exporter.service`];
     if (i.uid === undefined) i.uid = i.containers.find((c) => c.uid)?.uid;

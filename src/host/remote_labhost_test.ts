@@ -14,6 +14,7 @@ import {
   startLabHosts,
   stopLabHosts,
 } from "../../test/labhost/labhost.ts";
+import { drift } from "./drift.ts";
 import type { InstanceParams } from "./instance_params.ts";
 import { type Instance, type RenderedInstance, renderInstance } from "./render.ts";
 import {
@@ -264,9 +265,19 @@ Deno.test({
 
     await t.step("drift: a quadlet and the config link deleted by hand are put back without restarting", async () => {
       const before = await started(host, "pool-a1-runtime pool-a1-exporter");
+      const inspected = async () => {
+        const out = await runScript(host, inspectScript());
+        return drift(renderInstance(a), parseInspectOutput(out.stdout, out.stderr, out.code).instances[0]);
+      };
+      assert.deepEqual(await inspected(), [], "the resync check's inspection agrees with the apply: no drift");
       await sh(host, "rm /etc/containers/systemd/pool-a1-runtime.container /etc/jumpstarter/exporters/pool-a1.yaml");
+      assert.deepEqual(await inspected(), [
+        "/etc/jumpstarter/exporters/pool-a1.yaml is missing",
+        "/etc/containers/systemd/pool-a1-runtime.container is missing",
+      ]);
       const report = await apply(host, renderInstance(a));
       assertApplied(report);
+      assert.deepEqual(await inspected(), []);
       assert.deepEqual(report.changed, [
         "/etc/jumpstarter/exporters/pool-a1.yaml",
         "/etc/containers/systemd/pool-a1-runtime.container",

@@ -239,6 +239,8 @@ qsp file config a /etc/jumpstarter/exporters/a.yaml ${owner("ns1", "a", "u-a")}
 qsp file config b /etc/jumpstarter/exporters/b.yaml ${owner("ns2", "b", "u-b")}
 qsp file runtime c /etc/containers/systemd/c-runtime.container ${owner("ns1", "c", "u-c")}
 qsp file exporter c /etc/containers/systemd/c-exporter.container ${owner("ns2", "c", "u-c2")}
+qsp mode /etc/containers/systemd/a-runtime.container 644:0:0
+qsp sha256 /etc/containers/systemd/a-runtime.container ${"1".repeat(64)}
 qsp unit a-runtime.service loaded active running
 qsp unit a-exporter.service loaded failed failed
 qsp unit node-exporter.service loaded active running
@@ -263,7 +265,12 @@ qsp done
     set: "pool",
     uid: "u-a",
     files: [
-      { kind: "runtime", path: "/etc/containers/systemd/a-runtime.container" },
+      {
+        kind: "runtime",
+        path: "/etc/containers/systemd/a-runtime.container",
+        mode: "644:0:0",
+        sha256: "1".repeat(64),
+      },
       { kind: "exporter", path: "/etc/containers/systemd/a-exporter.container" },
       { kind: "config", path: "/etc/jumpstarter/exporters/a.yaml" },
     ],

@@ -122,6 +122,12 @@ export function resourcePath(
   return `${base}${ns}/${r.plural}${name}${sub}`;
 }
 
+/** DeleteOptions.preconditions: delete only that object (uid), or only as last seen (resourceVersion). */
+export interface Preconditions {
+  uid?: string;
+  resourceVersion?: string;
+}
+
 /** The writes and reads reconciling makes besides its caches; FakeKube (fake_client.ts) is the unit tests' one. */
 export interface KubeApi {
   find<T>(r: Resource, namespace: string | undefined, name: string): Promise<T | undefined>;
@@ -134,8 +140,8 @@ export interface KubeApi {
     patch: unknown,
     subresource?: string,
   ): Promise<T>;
-  /** Deletes; a missing object counts as deleted. */
-  delete(r: Resource, namespace: string | undefined, name: string, preconditionUid?: string): Promise<void>;
+  /** Deletes; a missing object counts as deleted; a failed precondition is a 409 Conflict. */
+  delete(r: Resource, namespace: string | undefined, name: string, preconditions?: Preconditions): Promise<void>;
 }
 
 export class KubeClient implements KubeApi {
@@ -297,13 +303,10 @@ export class KubeClient implements KubeApi {
     });
   }
 
-  /** Deletes; a missing object counts as deleted. */
-  async delete(r: Resource, namespace: string | undefined, name: string, preconditionUid?: string): Promise<void> {
+  async delete(r: Resource, namespace: string | undefined, name: string, preconditions?: Preconditions) {
     try {
       await this.request("DELETE", resourcePath(r, { namespace, name }), {
-        body: preconditionUid
-          ? { kind: "DeleteOptions", apiVersion: "v1", preconditions: { uid: preconditionUid } }
-          : undefined,
+        body: preconditions ? { kind: "DeleteOptions", apiVersion: "v1", preconditions } : undefined,
       });
     } catch (e) {
       if (!isNotFound(e)) throw e;

@@ -4,7 +4,7 @@
  * that read the store directly, as informers that are always up to date.
  */
 import type { KubeObject } from "../api/types.ts";
-import { type KubeApi, KubeError, type Resource } from "./client.ts";
+import { type KubeApi, KubeError, type Preconditions, type Resource } from "./client.ts";
 import type { Cache } from "./informer.ts";
 
 type Obj = KubeObject & Record<string, unknown>;
@@ -70,11 +70,12 @@ export class FakeKube implements KubeApi {
     return Promise.resolve(this.put(r, next) as T);
   }
 
-  delete(r: Resource, namespace: string | undefined, name: string, preconditionUid?: string): Promise<void> {
+  delete(r: Resource, namespace: string | undefined, name: string, preconditions?: Preconditions): Promise<void> {
     const o = this.objects(r).get(key(namespace, name));
     if (!o) return Promise.resolve();
-    if (preconditionUid && preconditionUid !== o.metadata.uid) {
-      return Promise.reject(new KubeError(409, "Conflict", `${r.plural} ${name}: uid precondition failed`));
+    const { uid, resourceVersion } = preconditions ?? {};
+    if ((uid && uid !== o.metadata.uid) || (resourceVersion && resourceVersion !== o.metadata.resourceVersion)) {
+      return Promise.reject(new KubeError(409, "Conflict", `${r.plural} ${name}: precondition failed`));
     }
     this.writes.push(`delete ${r.plural} ${namespace}/${name}`);
     if (!o.metadata.finalizers?.length) this.objects(r).delete(key(namespace, name));

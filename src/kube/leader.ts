@@ -147,7 +147,7 @@ export function fencedApi(api: KubeApi, fence: AbortSignal): KubeApi {
     create: (r, obj) => guard(() => api.create(r, obj)),
     mergePatch: (r, namespace, name, patch, subresource) =>
       guard(() => api.mergePatch(r, namespace, name, patch, subresource)),
-    delete: (r, namespace, name, uid) => guard(() => api.delete(r, namespace, name, uid)),
+    delete: (r, namespace, name, preconditions) => guard(() => api.delete(r, namespace, name, preconditions)),
   };
 }
 

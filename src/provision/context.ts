@@ -25,6 +25,7 @@ import type { Recorder } from "../kube/events.ts";
 import type { Logger } from "../observe/log.ts";
 import type { Metrics } from "../observe/metrics.ts";
 import type { HostOps } from "../host/lab.ts";
+import type { HostInspection } from "../host/remote.ts";
 
 /** The kinds reconciling reads from caches, by cache. */
 export interface Cached {
@@ -62,7 +63,7 @@ export interface Context {
   metrics: Metrics;
   provisioner: string;
   now: () => Date;
-  /** Re-apply every instance at least this often, to repair drift on the host. */
+  /** Check every instance on its host at least this often, to repair drift there (host_checks.ts). */
   resyncMs: number;
   /** Per-process memory of what was applied, so an unchanged instance is not re-sent on every event. */
   applied: Map<string, AppliedState>;
@@ -72,13 +73,28 @@ export interface Context {
   statuses: Map<string, { uid: string; status: ExporterSetStatus }>;
   /** Per Exporter uid: how often its exporter was found down without its lease ending, and when to start it next. */
   exporterFailures: Map<string, ExporterFailures>;
+  /** The latest inspection per lab host and key, shared by the drift checks and the sweep (host_checks.ts). */
+  inspections: Map<string, HostCheck>;
+}
+
+export interface HostCheck {
+  /** When the inspection began: it describes the host no earlier than this. */
+  at: number;
+  inspection: Promise<HostInspection>;
 }
 
 /** A context with empty memory. */
 export function newContext(
-  deps: Omit<Context, "applied" | "expectations" | "statuses" | "exporterFailures">,
+  deps: Omit<Context, "applied" | "expectations" | "statuses" | "exporterFailures" | "inspections">,
 ): Context {
-  return { ...deps, applied: new Map(), expectations: new Map(), statuses: new Map(), exporterFailures: new Map() };
+  return {
+    ...deps,
+    applied: new Map(),
+    expectations: new Map(),
+    statuses: new Map(),
+    exporterFailures: new Map(),
+    inspections: new Map(),
+  };
 }
 
 export interface ExporterFailures {

@@ -1,6 +1,7 @@
 /**
- * Deploy: render each live Exporter's instance and apply it on its host, unless the last apply still describes it;
- * count the exporters that keep going down without their lease ending, and start them again with back-off.
+ * Deploy: render each live Exporter's instance and apply it on its host, unless the last apply still describes it
+ * and, once per resync, the host's inspection agrees (host_checks.ts); count the exporters that keep going down
+ * without their lease ending, and start them again with back-off.
  */
 import { createHash } from "node:crypto";
 import type { Exporter, ExporterSet, VirtualTargetClass } from "../api/types.ts";
@@ -9,6 +10,7 @@ import type { ApplyOutcome } from "../host/lab.ts";
 import type { InstanceParams } from "../host/instance_params.ts";
 import { decodeSecretValue, type LabTarget } from "./credentials.ts";
 import type { AppliedState, Context } from "./context.ts";
+import { driftSince } from "./host_checks.ts";
 import { leaseHolding, leaseState } from "./leases.ts";
 import { HOST_ANNOTATION, RECLAIM_ANNOTATION, wasDeployed } from "./marks.ts";
 import { applyFailureReason, applyFailureText, errorText } from "./problems.ts";
@@ -132,7 +134,22 @@ async function deploy(
   const offline = offlineMarker(e);
   // a restart deferred under a lease that is over now is due, whatever else still matches
   const due = last?.pending === true && !holder;
-  if (last && !due && stillApplied(last, hash, offline, now - last.at < ctx.resyncMs)) return last;
+  if (last && !due && stillApplied(last, hash, offline)) {
+    if (now - last.at < ctx.resyncMs) return last;
+    // due for its check on the host, which one inspection there answers for all instances of every set on it
+    const checked = await driftSince(ctx, target, rendered, last.at);
+    if (!checked.drift.length) {
+      const state = { ...last, at: checked.at };
+      ctx.applied.set(e.metadata.uid!, state);
+      return state;
+    }
+    ctx.log.info("drift on the host, applying again", {
+      exporterSet: set.metadata.name,
+      exporter: name,
+      host: target.host,
+      drift: checked.drift.join("; "),
+    });
+  }
 
   const failures = ctx.exporterFailures.get(e.metadata.uid!);
   // An exporter that exited while a lease names it is left down: Jumpstarter is about to end that lease, and the plan
@@ -160,7 +177,8 @@ async function deploy(
   }
   const state: AppliedState = {
     hash,
-    at: now,
+    // when the host was last seen as applied: the apply's end, so an inspection begun during it is not trusted
+    at: ctx.now().getTime(),
     host: target.host,
     ready: report.ready,
     exited: report.exited,
@@ -219,13 +237,14 @@ function trackFailures(
 }
 
 /**
- * Whether the last apply still describes the host, so this reconcile need not send anything: same content, found
- * healthy, recent, and Jumpstarter has not reported the exporter gone since. That report is the prompt sign of an
+ * Whether the last apply still describes what should be on the host, so this reconcile need not apply: same content,
+ * found healthy, and Jumpstarter has not reported the exporter gone since. That report is the prompt sign of an
  * exporter that exited after its lease (ExitAndReplace) or crashed; it is acted on once per report, so an exporter
- * that stays offline for other reasons (it cannot reach Jumpstarter) is not re-applied on every event.
+ * that stays offline for other reasons (it cannot reach Jumpstarter) is not re-applied on every event. Whether the
+ * host still matches is the resync check's question (host_checks.ts).
  */
-function stillApplied(last: AppliedState, hash: string, offline: string | undefined, recent: boolean): boolean {
-  return last.hash === hash && last.ready && recent && (offline === undefined || offline === last.offline);
+function stillApplied(last: AppliedState, hash: string, offline: string | undefined): boolean {
+  return last.hash === hash && last.ready && (offline === undefined || offline === last.offline);
 }
 
 /** Jumpstarter's current "offline" report on the Exporter, as a value that changes with each new report. */

@@ -14,8 +14,12 @@ export const RECLAIM_ANNOTATION = "qemu-ssh.jumpstarter.dev/reclaim-policy";
 export const isOurs = (e: Exporter) =>
   e.metadata.labels?.[SET_LABEL] !== undefined && !!e.metadata.finalizers?.includes(FINALIZER);
 
+/** The ExporterSet that controls the Exporter, by its owner reference; none once orphaned. */
+export const setOwner = (e: Exporter) =>
+  e.metadata.ownerReferences?.find((o) => o.controller && o.kind === "ExporterSet");
+
 export function ownerSetName(e: Exporter): string | undefined {
-  return e.metadata.ownerReferences?.find((o) => o.controller && o.kind === "ExporterSet")?.name;
+  return setOwner(e)?.name;
 }
 
 /**

@@ -202,6 +202,40 @@ Deno.test("reconcile: an unchanged instance is not re-sent; a rotated token is r
   assert.ok(w.reasons().includes("Updated"));
 });
 
+Deno.test("reconcile: each resync, one inspection of the host checks every instance; only drifted ones are applied", async () => {
+  const w = new World();
+  const [a, b] = await w.deployed();
+  const [na, nb] = [a.metadata.name!, b.metadata.name!];
+  w.advance(5 * 60_000);
+  let seen = w.hosts.calls.length;
+  const since = () => w.hosts.calls.slice(seen).sort();
+  await w.reconcile();
+  await w.reconcile();
+  assert.deepEqual(
+    since(),
+    [`inspect ${HOST}`],
+    "in sync: one inspection for both, no apply, none until the next resync",
+  );
+  // by hand on the host: a's runtime quadlet edited, b's exporter stopped
+  const ia = w.hosts.instance(HOST, na)!;
+  const edit = (f: (typeof ia.rendered.files)[number]) =>
+    f.path.endsWith("-runtime.container") ? { ...f, content: `${f.content}\n# edited` } : f;
+  ia.rendered = { ...ia.rendered, files: ia.rendered.files.map(edit) };
+  w.hosts.exit(HOST, nb);
+  w.advance(5 * 60_000);
+  seen = w.hosts.calls.length;
+  await w.reconcile();
+  assert.deepEqual(since(), [`apply ${HOST} ${na}`, `apply ${HOST} ${nb}`, `inspect ${HOST}`].sort());
+  assert.doesNotMatch(w.hosts.instance(HOST, na)!.rendered.files.map((f) => f.content).join(), /# edited/);
+  assert.equal(w.hosts.instance(HOST, nb)!.exporter, "active");
+  seen = w.hosts.calls.length;
+  w.advance(60_000);
+  assert.equal(await sweep(w.ctx, undefined, w.clock.getTime() - 2 * 60_000), 0);
+  assert.deepEqual(since(), [], "the sweep takes the resync's inspection when it began since the sweep before");
+  await sweep(w.ctx, undefined);
+  assert.deepEqual(since(), [`inspect ${HOST}`], "asked for a fresh look, it inspects");
+});
+
 Deno.test("reconcile: scale-down drains after the cooldown, then deletes, then tears down", async () => {
   const w = new World();
   await w.deployed();
@@ -325,18 +359,41 @@ Deno.test("reconcile: status counts ready, idle, leased and disabled exporters",
   assert.equal(s.observedGeneration, 1);
 });
 
-Deno.test("reconcile: a deleted set's Exporters are left to the garbage collector, then torn down", async () => {
+Deno.test("reconcile: a deleted set's Exporters are deleted once the API confirms it is gone, then torn down", async () => {
   const w = new World();
   const [a, b] = await w.deployed();
-  await w.kube.delete(EXPORTER_SETS, NS, SET);
+  const caches = w.ctx.caches;
+  // the sets' cache lags: the set is still there
+  w.ctx.caches = { ...caches, sets: { get: () => undefined, list: () => [] } };
   const writes = w.kube.writes.length;
-  assert.deepEqual(await w.reconcile(), {}, "the set may only be missing from a lagging cache");
-  assert.equal(w.kube.writes.length, writes, "nothing deleted");
-  for (const e of [a, b]) await w.kube.delete(EXPORTERS, NS, e.metadata.name!); // the garbage collector
+  assert.deepEqual(await w.reconcile(), {});
+  assert.equal(w.kube.writes.length, writes, "the API still has the set: nothing deleted");
+  w.ctx.caches = caches;
+  await w.kube.delete(EXPORTER_SETS, NS, SET);
   await w.reconcile();
+  assert.deepEqual(w.kube.writes.slice(writes).filter((x) => x.startsWith("delete exporters ")).sort(), [
+    `delete exporters ${NS}/${a.metadata.name}`,
+    `delete exporters ${NS}/${b.metadata.name}`,
+  ], "not left to the garbage collector's pace");
+  await w.reconcile(); // on the watch event of their deletion
   assert.deepEqual(w.exporters(), []);
   for (const e of [a, b]) assert.equal(w.hosts.instance(HOST, e.metadata.name!), undefined);
   assert.deepEqual(await w.reconcile(), {}, "nothing left to look at");
+});
+
+Deno.test("reconcile: Exporters orphaned by kubectl delete --cascade=orphan are not deleted, even seen late", async () => {
+  const w = new World();
+  const seen = await w.deployed();
+  // the garbage collector drops the owner references before the set goes; the Exporters' cache has not caught up
+  for (const e of seen) w.kube.put(EXPORTERS, { ...e, metadata: { ...e.metadata, ownerReferences: [] } });
+  await w.kube.delete(EXPORTER_SETS, NS, SET);
+  const caches = w.ctx.caches;
+  w.ctx.caches = { ...caches, exporters: { get: () => undefined, list: () => seen } };
+  const writes = w.kube.writes.length;
+  await w.reconcile();
+  assert.deepEqual(w.kube.writes.slice(writes), [], "the deletes' preconditions fail: the Exporters changed");
+  w.ctx.caches = caches;
+  assert.equal(w.exporters().filter((e) => !e.metadata.deletionTimestamp).length, 2);
 });
 
 Deno.test("reconcile: an Exporter that is not ours is never changed, whatever set it names", async () => {

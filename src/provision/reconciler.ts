@@ -33,7 +33,7 @@ export async function reconcile(ctx: Context, key: string): Promise<Outcome> {
   const isMine = (e: Exporter) => !!set && e.metadata.ownerReferences!.some((o) => o.uid === set.metadata.uid);
   // Exporters of a deleted set, including an earlier incarnation of a set re-created under the same name.
   const stale = named.filter((e) => !isMine(e));
-  const orphanOutcome = await orphaned(ctx, stale);
+  const orphanOutcome = await orphaned(ctx, set, stale);
   if (!set) {
     ctx.statuses.delete(key);
     return orphanOutcome;

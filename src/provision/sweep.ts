@@ -5,26 +5,34 @@
 import { abortableSleep } from "../kube/backoff.ts";
 import type { LabTarget } from "./credentials.ts";
 import type { Context } from "./context.ts";
+import { forgetOldInspections, inspectHost } from "./host_checks.ts";
 import { hostTargets } from "./targets.ts";
 
-/** Sweeps every `everyMs` until `signal` aborts; a failed sweep is logged and the next one tries again. */
+/**
+ * Sweeps every `everyMs` until `signal` aborts; a failed sweep is logged and the next one tries again. Each pass
+ * takes a host's inspection from the resync checks when one began since the previous pass.
+ */
 export async function sweepLoop(ctx: Context, namespace: string | undefined, everyMs: number, signal: AbortSignal) {
   while (!signal.aborted) {
     await abortableSleep(everyMs, signal);
     if (signal.aborted) break;
-    await sweep(ctx, namespace).catch((e) => ctx.log.warn("orphan sweep failed", { error: String(e) }));
+    const since = ctx.now().getTime() - everyMs;
+    await sweep(ctx, namespace, since).catch((e) => ctx.log.warn("orphan sweep failed", { error: String(e) }));
+    forgetOldInspections(ctx, since - Math.max(everyMs, ctx.resyncMs));
   }
 }
 
 /**
- * Removes instances on our hosts whose Exporter no longer exists. Returns how many were removed. Hosts are swept in
- * parallel and each on its own: one that is down neither delays nor stops the sweep of the others. With a namespace,
- * instances of other namespaces are not ours to judge.
+ * Removes instances on our hosts whose Exporter no longer exists, judged by an inspection of each host begun after
+ * `since` (default: just now). Returns how many were removed. Hosts are swept in parallel and each on its own:
+ * one that is down neither delays nor stops the sweep of the others. With a namespace, instances of other namespaces
+ * are not ours to judge.
  */
-export async function sweep(ctx: Context, namespace: string | undefined): Promise<number> {
+export async function sweep(ctx: Context, namespace: string | undefined, since?: number): Promise<number> {
+  const from = since ?? ctx.now().getTime();
   const removed = await Promise.all(
     hostTargets(ctx.caches, ctx.provisioner).map((target) =>
-      sweepHost(ctx, namespace, target).catch((e) => {
+      sweepHost(ctx, namespace, target, from).catch((e) => {
         ctx.log.warn("orphan sweep of a host failed", { host: target.host, error: String(e) });
         return 0;
       })
@@ -34,8 +42,8 @@ export async function sweep(ctx: Context, namespace: string | undefined): Promis
   return removed.reduce((a, b) => a + b, 0);
 }
 
-async function sweepHost(ctx: Context, namespace: string | undefined, target: LabTarget): Promise<number> {
-  const inspection = await ctx.hosts.inspect(target);
+async function sweepHost(ctx: Context, namespace: string | undefined, target: LabTarget, since: number) {
+  const inspection = await inspectHost(ctx, target, since).inspection;
   // Read after the inspection: an instance deployed meanwhile had its Exporter cached before its apply began.
   const known = new Set(ctx.caches.exporters.list().map((e) => e.metadata.uid));
   let removed = 0;

@@ -7,10 +7,10 @@ import { HostScriptError } from "../host/lab.ts";
 import { SshError } from "../host/ssh.ts";
 import { isConflict, isNotFound } from "../kube/client.ts";
 import type { Outcome } from "../kube/queue.ts";
-import { EXPORTERS } from "../kube/resources.ts";
+import { EXPORTER_SETS, EXPORTERS } from "../kube/resources.ts";
 import type { LabTarget } from "./credentials.ts";
 import type { Context } from "./context.ts";
-import { FINALIZER, isOurs, RECLAIM_ANNOTATION, SET_LABEL } from "./marks.ts";
+import { FINALIZER, isOurs, RECLAIM_ANNOTATION, SET_LABEL, setOwner } from "./marks.ts";
 import { errorText, retryAfterMs } from "./problems.ts";
 import type { Problem } from "./status.ts";
 import { deployedTargets, parseTarget, TARGET_ANNOTATION } from "./targets.ts";
@@ -107,11 +107,12 @@ async function removeInstance(
 }
 
 /**
- * Exporters whose set is not in the cache (deleted, or the watch lags): deleting them is the garbage collector's job,
- * ours only the teardown behind our finalizer of those it deletes, with the credentials of a class of theirs still
- * there. Exporters that are not ours are left as they are.
+ * Exporters of a set that is gone (`current` is the set now under that name, if any): ours are deleted (see
+ * deleteOwnerless), then torn down behind our finalizer with the credentials of a class of theirs still there.
+ * Exporters that are not ours are left as they are.
  */
-export async function orphaned(ctx: Context, stale: Exporter[]): Promise<Outcome> {
+export async function orphaned(ctx: Context, current: ExporterSet | undefined, stale: Exporter[]): Promise<Outcome> {
+  await deleteOwnerless(ctx, current, stale);
   for (const e of stale.filter((e) => e.metadata.deletionTimestamp && !isOurs(e))) {
     if (!e.metadata.finalizers?.includes(FINALIZER)) continue;
     const message = `${e.metadata.name} carries our finalizer but not our label ${SET_LABEL}: not ours to tear ` +
@@ -127,4 +128,33 @@ export async function orphaned(ctx: Context, stale: Exporter[]): Promise<Outcome
   );
   const problems = results.filter((p): p is Problem => p !== undefined);
   return problems.length ? { requeueAfterMs: retryAfterMs(ctx.resyncMs, problems) } : {};
+}
+
+/**
+ * Deletes our Exporters whose owner reference names a set that no longer exists, instead of waiting for the garbage
+ * collector: its client-side rate limit (20 requests/s by default) made deleting 500 sets of 8 take minutes
+ * (bench/results/scale-findings.md). Only once the API confirms the owner is gone, as the sets' cache may lag the
+ * Exporters'; and only the version seen, so an Exporter orphaned meanwhile (`kubectl delete --cascade=orphan` has the
+ * garbage collector drop the owner reference before the set goes) is left alone: its delete fails its precondition.
+ */
+async function deleteOwnerless(ctx: Context, current: ExporterSet | undefined, stale: Exporter[]): Promise<void> {
+  const candidates = stale.filter((e) => !e.metadata.deletionTimestamp && isOurs(e) && setOwner(e));
+  if (!candidates.length) return;
+  const { namespace } = candidates[0].metadata;
+  const owner = current ?? await ctx.client.find<ExporterSet>(EXPORTER_SETS, namespace, setOwner(candidates[0])!.name);
+  const doomed = candidates.filter((e) => setOwner(e)!.uid !== owner?.metadata.uid);
+  await Promise.all(
+    doomed.map((e) =>
+      ctx.client.delete(EXPORTERS, namespace, e.metadata.name!, { resourceVersion: e.metadata.resourceVersion })
+        .catch((err) => {
+          if (!isConflict(err)) throw err;
+        })
+    ),
+  );
+  if (doomed.length) {
+    ctx.log.info("deleting the Exporters of a deleted ExporterSet", {
+      exporterSet: `${namespace}/${setOwner(doomed[0])!.name}`,
+      exporters: doomed.length,
+    });
+  }
 }

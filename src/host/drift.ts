@@ -1,0 +1,30 @@
+/**
+ * Drift: how an instance on its host differs from what the controller rendered for it, read from one inspection of
+ * the host. Pure; the resync check (provision/host_checks.ts) applies again only instances that drifted.
+ */
+import type { RenderedInstance } from "./render.ts";
+import { type InspectedInstance, sha256 } from "./remote.ts";
+
+/** What differs, one phrase each (empty: nothing does). Files as the apply script writes them; both units active. */
+export function drift(r: RenderedInstance, found: InspectedInstance | undefined): string[] {
+  if (!found) return ["not on the host"];
+  const have = new Map(found.files.map((f) => [f.path, f]));
+  const out: string[] = [];
+  for (const f of r.files) {
+    const content = sha256(f.content);
+    const mode = `${f.mode.toString(8)}:${f.owner}:${f.owner}`;
+    for (const path of [f.path, ...f.links]) {
+      const h = have.get(path);
+      if (!h) out.push(`${path} is missing`);
+      else if (h.sha256 !== content) out.push(`${path} was changed`);
+      else if (h.mode !== mode) out.push(`${path} has mode and owner ${h.mode ?? "unknown"}, not ${mode}`);
+    }
+  }
+  const units: [string, InspectedInstance["runtime"]][] = [[r.units.runtime, found.runtime], [
+    r.units.exporter,
+    found.exporter,
+  ]];
+  for (const [unit, s] of units) if (s?.active !== "active") out.push(`${unit} is ${s ? s.active : "not loaded"}`);
+  if (!found.volume) out.push(`volume ${r.volume} is missing`);
+  return out;
+}
