@@ -70,9 +70,16 @@ export async function runController(o: RunOptions): Promise<number> {
       await pinHostKey(fencedClient, target, line);
     },
   });
-  metrics.gauge("rest_client_requests_total", "Requests this process sent to the API server.", () => [
-    [{}, client.requests],
-  ], "counter");
+  metrics.gauge(
+    "rest_client_requests_total",
+    "Requests this process sent to the API server, by method and resource.",
+    () =>
+      [...client.requestsByCall].map(([call, n]) => {
+        const [method, resource] = call.split(" ");
+        return [{ method, resource }, n];
+      }),
+    "counter",
+  );
   const controller = new Controller({
     client,
     hosts: new LabHosts(pool, { hostAliases: o.hostAliases, labHosts: o.labHosts, metrics, fence: fence.signal }),

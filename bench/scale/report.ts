@@ -165,8 +165,10 @@ export function markdown(r: ScaleResults): string {
       "",
       `SSH commands per host per resync: ${
         Object.entries(st.perHostPerResync).map(([k, v]) => `${k} ${f(v, 2)}`).join(", ")
-      }; API requests ${f(st.apiRequestsPerMinute)} per minute (${st.apiRequests} in the window); controller CPU ` +
-        `${f(st.cpuSeconds / st.minutes, 2)} s per minute; SSH connections opened ${st.sshConnections}.`,
+      }; API requests ${f(st.apiRequestsPerMinute)} per minute (${st.apiRequests} in the window: ${
+        Object.entries(st.apiRequestsByCall ?? {}).sort((a, b) => b[1] - a[1]).map(([k, v]) => `${k} ${v}`).join(", ")
+      }); controller CPU ${f(st.cpuSeconds / st.minutes, 2)} s per minute; SSH connections opened ` +
+        `${st.sshConnections}.`,
     );
   }
   if (r.model) {

@@ -26,6 +26,8 @@ export interface Phase {
   cpuSeconds: number;
   /** The controller's own count (rest_client_requests_total). */
   apiRequests: number;
+  /** The same by "METHOD resource", e.g. "PATCH exportersets/status". */
+  apiRequestsByCall: Record<string, number>;
   /** At the API server (apiserver_request_total, resources, without coordination) minus the bench's and fake's. */
   apiRequestsServerSide: number;
   /** Commands the hosts ran (session-recorder), and the controller's qemu_ssh_command_seconds_count. */
@@ -75,6 +77,7 @@ interface Snap {
   rss: number;
   peak: number;
   api: number;
+  apiByCall: Record<string, number>;
   served: number;
   own: number;
   sshCmds: number;
@@ -192,6 +195,12 @@ export async function runSize(o: RunOptions): Promise<SizeResult> {
       rss: proc.rssMiB,
       peak: proc.peakRssMiB,
       api: total(m, "rest_client_requests_total"),
+      apiByCall: Object.fromEntries(
+        m.filter((x) => x.name === "rest_client_requests_total").map((x) => [
+          `${x.labels.method} ${x.labels.resource}`,
+          x.value,
+        ]),
+      ),
       served,
       own: cluster.ownRequests(),
       sshCmds: total(m, "qemu_ssh_command_seconds_count"),
@@ -212,6 +221,9 @@ export async function runSize(o: RunOptions): Promise<SizeResult> {
     seconds: (b.at - a.at) / 1000,
     cpuSeconds: b.cpu - a.cpu,
     apiRequests: b.api - a.api,
+    apiRequestsByCall: Object.fromEntries(
+      Object.entries(b.apiByCall).map(([k, v]) => [k, v - (a.apiByCall[k] ?? 0)] as const).filter(([, v]) => v > 0),
+    ),
     apiRequestsServerSide: (b.served - a.served) - (b.own - a.own),
     sshCommands: (await hostSessions(a, b)).reduce((x, s) => x + s.length, 0),
     sshCommandsMetric: b.sshCmds - a.sshCmds,

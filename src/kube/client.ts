@@ -122,6 +122,14 @@ export function resourcePath(
   return `${base}${ns}/${r.plural}${name}${sub}`;
 }
 
+/** The resource a request path names: `/apis/g/v/namespaces/ns/exportersets/x/status` -> `exportersets/status`. */
+export function resourceOfPath(path: string): string {
+  const parts = path.split("?")[0].split("/").filter(Boolean);
+  const rest = parts.slice(parts[0] === "api" ? 2 : 3);
+  if (rest[0] === "namespaces" && rest.length > 2) rest.splice(0, 2);
+  return [rest[0], rest[2]].filter(Boolean).join("/");
+}
+
 /** DeleteOptions.preconditions: delete only that object (uid), or only as last seen (resourceVersion). */
 export interface Preconditions {
   uid?: string;
@@ -147,6 +155,8 @@ export interface KubeApi {
 export class KubeClient implements KubeApi {
   /** Counts requests so benchmarks and tests can see the API cost of a reconcile. */
   requests = 0;
+  /** The same by "METHOD resource" (plural, with a subresource: "PATCH exportersets/status"), for the metrics. */
+  readonly requestsByCall = new Map<string, number>();
 
   private constructor(
     readonly server: string,
@@ -219,6 +229,8 @@ export class KubeClient implements KubeApi {
   /** One raw request with no deadline (watches); its `signal` is the only way to end it. */
   async fetch(method: string, path: string, opts: RequestOptions = {}): Promise<Response> {
     this.requests++;
+    const call = `${method} ${resourceOfPath(path)}`;
+    this.requestsByCall.set(call, (this.requestsByCall.get(call) ?? 0) + 1);
     const contentType = opts.body === undefined ? undefined : (opts.contentType ?? "application/json");
     const auth = await this.headers(contentType, opts.headers);
     const body = opts.body === undefined ? undefined : new TextEncoder().encode(JSON.stringify(opts.body));

@@ -21,11 +21,19 @@ interface Seen {
 
 const WINDOW_MS = 10 * 60_000;
 const PRUNE_EVERY_MS = 30_000;
+/**
+ * Event writes in flight at once. One at a time, the 2000 events of 250 sets converging took minutes to drain
+ * behind a busy API server, so events trailed what they told by minutes (bench/results/scale-findings.md).
+ */
+const MAX_IN_FLIGHT = 8;
 
 export class EventRecorder implements Recorder {
   private readonly seen = new Map<string, Seen>();
   private prunedAt = 0;
-  private pending: Promise<void> = Promise.resolve();
+  /** Per involved object, its last queued write: an object's events are written in order (a series' count too). */
+  private readonly chains = new Map<string, Promise<void>>();
+  private inFlight = 0;
+  private readonly waiting: (() => void)[] = [];
 
   constructor(
     private readonly client: KubeApi,
@@ -34,7 +42,7 @@ export class EventRecorder implements Recorder {
     private readonly now: () => Date = () => new Date(),
   ) {}
 
-  /** Fire and forget, in order; a failed event write is logged, never fatal. */
+  /** Fire and forget, in order per object; a failed event write is logged, never fatal. */
   event(obj: KubeObject, type: EventKind, reason: string, message: string): void {
     // What the controller did (created, deployed, updated, torn down) belongs in its log too; warnings are logged
     // where they arise, with more detail than an event holds.
@@ -44,14 +52,32 @@ export class EventRecorder implements Recorder {
         object: `${obj.kind ?? ""}/${obj.metadata.namespace ?? ""}/${obj.metadata.name}`,
       });
     }
-    this.pending = this.pending.then(() => this.write(obj, type, reason, message)).catch((e) =>
-      this.log.warn("could not record event", { reason, error: String(e) })
-    );
+    const key = obj.metadata.uid ?? `${obj.metadata.namespace}/${obj.metadata.name}`;
+    const next = (this.chains.get(key) ?? Promise.resolve())
+      .then(() => this.limited(() => this.write(obj, type, reason, message)))
+      .catch((e) => this.log.warn("could not record event", { reason, error: String(e) }));
+    this.chains.set(key, next);
+    next.then(() => {
+      if (this.chains.get(key) === next) this.chains.delete(key);
+    });
   }
 
   /** Resolves when queued events are written (tests, shutdown). */
-  flush(): Promise<void> {
-    return this.pending;
+  async flush(): Promise<void> {
+    while (this.chains.size) await Promise.all(this.chains.values());
+  }
+
+  private async limited(write: () => Promise<void>): Promise<void> {
+    // a finished write hands its slot to the next waiting one
+    if (this.inFlight < MAX_IN_FLIGHT) this.inFlight++;
+    else await new Promise<void>((r) => this.waiting.push(r));
+    try {
+      await write();
+    } finally {
+      const next = this.waiting.shift();
+      if (next) next();
+      else this.inFlight--;
+    }
   }
 
   private async write(obj: KubeObject, type: EventKind, reason: string, message: string): Promise<void> {
