@@ -26,6 +26,14 @@ export const ROLL_NEXT_MS = 5_000;
 
 export type Outdated = { name: string } & Waits;
 
+/** What the deploys of one reconcile share: pending restarts roll one at a time; what they report together. */
+interface Turn {
+  rolling: boolean;
+  outdated: Outdated[];
+  /** Exporters deployed for the first time, told in one event on the set. */
+  deployed: string[];
+}
+
 /** What deployAll found: per Exporter uid the last known state, and what it could not do now. */
 export interface Deployed {
   states: Map<string, AppliedState | undefined>;
@@ -51,12 +59,12 @@ export async function deployAll(
 ): Promise<Deployed> {
   const waiting = live.filter((e) => !e.status?.credential?.name || !e.status?.endpoint).map((e) => e.metadata.name!);
   const unseen: string[] = [];
-  const outdated: Outdated[] = [];
-  const roll = { busy: false };
+  const turn: Turn = { rolling: false, outdated: [], deployed: [] };
+  const { outdated } = turn;
   const results = await Promise.all(live.map(async (e) => {
     if (waiting.includes(e.metadata.name!)) return undefined;
     try {
-      return await deploy(ctx, set, cls, e, params, target, roll, outdated);
+      return await deploy(ctx, set, cls, e, params, target, turn);
     } catch (err) {
       if (err instanceof LeftBehind) {
         await replaceLeftBehind(ctx, set, e, err.message);
@@ -78,6 +86,16 @@ export async function deployAll(
     outdated.push({ name, lease, what: `its restart waits for ${lease ? `lease ${lease} to end` : "its turn"}` });
   });
   for (const r of results) if (r?.failing) problems.push({ reason: "ExporterFailing", message: r.failing });
+  // one event for the set, not one per instance: 4000 of them slowed 500 sets converging behind a busy API server
+  if (turn.deployed.length) {
+    const names = turn.deployed.sort();
+    ctx.recorder.event(
+      set,
+      "Normal",
+      "Deployed",
+      `deployed ${names.join(", ")} to ${target.host} (units <name>-runtime and <name>-exporter)`,
+    );
+  }
   return { states: new Map(live.map((e, i) => [e.metadata.uid!, results[i]])), waiting, unseen, outdated };
 }
 
@@ -88,8 +106,7 @@ async function deploy(
   e: Exporter,
   params: InstanceParams,
   target: LabTarget,
-  roll: { busy: boolean },
-  outdated: Outdated[],
+  turn: Turn,
 ): Promise<AppliedState | undefined> {
   const ns = set.metadata.namespace!;
   const name = e.metadata.name!;
@@ -103,7 +120,7 @@ async function deploy(
     // A leased instance is not moved; one whose lease ended is about to be replaced (ExitAndReplace), not moved.
     const replaced = lease === "ended" && withDefaults(set.spec).recycleStrategy === "ExitAndReplace";
     if (holder || replaced) {
-      if (holder) outdated.push({ name, lease: holder, what: `stays on ${from.host} until lease ${holder} ends` });
+      if (holder) turn.outdated.push({ name, lease: holder, what: `stays on ${from.host} until lease ${holder} ends` });
       return ctx.applied.get(e.metadata.uid!);
     }
     // The set now points at another host: remove the instance from the old one before deploying anew.
@@ -156,8 +173,8 @@ async function deploy(
   // then replaces the instance. With no lease it should not have exited: it is started again, with back-off.
   const holdExited = instance.exitOnLeaseEnd && (lease !== "none" || (failures !== undefined && now < failures.nextAt));
   const started = performance.now();
-  const deferRestart = holder !== undefined || (due && roll.busy);
-  if (due && !deferRestart) roll.busy = true;
+  const deferRestart = holder !== undefined || (due && turn.rolling);
+  if (due && !deferRestart) turn.rolling = true;
   const report = await ctx.hosts.apply(target, rendered, {
     kvmRequired: params.runtime.kvm,
     keepExited: holdExited,
@@ -165,14 +182,8 @@ async function deploy(
   });
   ctx.metrics.deploySeconds.observe({ host: target.host }, (performance.now() - started) / 1000);
   if (report.errors.length) throw new DeployError(applyFailureText(target.host, report.errors), report.errorCode);
-  if (report.changed.length && !last) {
-    ctx.recorder.event(
-      e,
-      "Normal",
-      "Deployed",
-      `deployed to ${target.host} (units ${rendered.units.runtime}, ${rendered.units.exporter})`,
-    );
-  } else if (report.changed.length) {
+  if (report.changed.length && !last) turn.deployed.push(name);
+  else if (report.changed.length) {
     ctx.recorder.event(e, "Normal", "Updated", `updated on ${target.host}: ${report.changed.join(", ")}`);
   }
   const state: AppliedState = {

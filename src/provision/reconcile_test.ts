@@ -184,7 +184,9 @@ Deno.test("reconcile: an instance is deployed only once its Exporter has credent
   const annotations = w.exporter(a.metadata.name!)!.metadata.annotations!;
   assert.equal(annotations[TARGET_ANNOTATION], `root@${HOST}:22`);
   assert.equal(annotations[HOST_ANNOTATION], HOST);
-  assert.ok(w.reasons().includes("Deployed"));
+  const deployed = w.events.filter((e) => e.reason === "Deployed");
+  assert.deepEqual(deployed.map((e) => e.object), [SET], "one event for the set, naming its instances");
+  assert.match(deployed[0].message, new RegExp(`deployed ${a.metadata.name} to ${HOST}`));
 });
 
 Deno.test("reconcile: an unchanged instance is not re-sent; a rotated token is re-applied without a restart", async () => {
