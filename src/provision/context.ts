@@ -73,6 +73,11 @@ export interface Context {
   statuses: Map<string, { uid: string; status: ExporterSetStatus }>;
   /** Per Exporter uid: how often its exporter was found down without its lease ending, and when to start it next. */
   exporterFailures: Map<string, ExporterFailures>;
+  /**
+   * Per Exporter uid, the resourceVersion whose finalizer this process removed: reconciles that run before the cache
+   * catches up skip it instead of removing the instance a second time.
+   */
+  finalized: Map<string, string>;
   /** The latest inspection per lab host and key, shared by the drift checks and the sweep (host_checks.ts). */
   inspections: Map<string, HostCheck>;
 }
@@ -85,7 +90,7 @@ export interface HostCheck {
 
 /** A context with empty memory. */
 export function newContext(
-  deps: Omit<Context, "applied" | "expectations" | "statuses" | "exporterFailures" | "inspections">,
+  deps: Omit<Context, "applied" | "expectations" | "statuses" | "exporterFailures" | "finalized" | "inspections">,
 ): Context {
   return {
     ...deps,
@@ -93,6 +98,7 @@ export function newContext(
     expectations: new Map(),
     statuses: new Map(),
     exporterFailures: new Map(),
+    finalized: new Map(),
     inspections: new Map(),
   };
 }

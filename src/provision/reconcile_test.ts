@@ -383,6 +383,23 @@ Deno.test("reconcile: a deleted set's Exporters are deleted once the API confirm
   assert.deepEqual(await w.reconcile(), {}, "nothing left to look at");
 });
 
+Deno.test("reconcile: an Exporter torn down is not torn down again while the cache still shows its finalizer", async () => {
+  const w = new World();
+  const [a] = await w.deployed();
+  await w.kube.delete(EXPORTERS, NS, a.metadata.name!);
+  const lagging = w.exporters(); // as the cache holds them until the finalizer's removal reaches it
+  await w.reconcile();
+  const removes = () => w.hosts.calls.filter((c) => c.startsWith("remove")).length;
+  assert.equal(removes(), 1);
+  const caches = w.ctx.caches;
+  w.ctx.caches = { ...caches, exporters: { get: () => undefined, list: () => lagging } };
+  const torn = w.reasons().filter((r) => r === "TornDown").length;
+  await w.reconcile();
+  w.ctx.caches = caches;
+  assert.equal(removes(), 1, "not removed a second time");
+  assert.equal(w.reasons().filter((r) => r === "TornDown").length, torn, "nor told twice");
+});
+
 Deno.test("reconcile: Exporters orphaned by kubectl delete --cascade=orphan are not deleted, even seen late", async () => {
   const w = new World();
   const seen = await w.deployed();

@@ -73,8 +73,10 @@ async function sweepHost(ctx: Context, namespace: string | undefined, target: La
   return removed;
 }
 
-/** Drops the apply memory of Exporters that went without our finalizer running (deleted behind our back). */
+/** Drops the memory of Exporters that are gone: finalized ones, and those deleted behind our back. */
 function forgetGone(ctx: Context): void {
   const known = new Set(ctx.caches.exporters.list().map((e) => e.metadata.uid));
-  for (const uid of ctx.applied.keys()) if (!known.has(uid)) ctx.applied.delete(uid);
+  for (const memory of [ctx.applied, ctx.finalized]) {
+    for (const uid of memory.keys()) if (!known.has(uid)) memory.delete(uid);
+  }
 }

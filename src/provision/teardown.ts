@@ -30,6 +30,7 @@ export async function finalize(
   setDeleted: boolean,
 ): Promise<Problem | undefined> {
   if (!e.metadata.finalizers?.includes(FINALIZER)) return undefined;
+  if (ctx.finalized.get(e.metadata.uid!) === e.metadata.resourceVersion) return undefined;
   const where = e.metadata.annotations?.[TARGET_ANNOTATION];
   const keepInstance = setDeleted && e.metadata.annotations?.[RECLAIM_ANNOTATION] === "Retain";
   const problem = where && !keepInstance ? await removeInstance(ctx, e, where, targets) : undefined;
@@ -45,9 +46,13 @@ export async function finalize(
       resourceVersion: e.metadata.resourceVersion,
       finalizers: e.metadata.finalizers.filter((f) => f !== FINALIZER),
     },
-  }).catch((err) => {
-    if (!isNotFound(err) && !isConflict(err)) throw err;
-  });
+  }).then(
+    () => ctx.finalized.set(e.metadata.uid!, e.metadata.resourceVersion!),
+    (err) => {
+      // a conflict: the Exporter changed meanwhile, and the next reconcile looks at it again
+      if (!isNotFound(err) && !isConflict(err)) throw err;
+    },
+  );
   if (keepInstance) {
     ctx.recorder.event(
       owner,
