@@ -197,7 +197,6 @@ async function deploy(
     failing: trackFailures(ctx, e, report, last !== undefined, now),
     offline,
   };
-  ctx.applied.set(e.metadata.uid!, state);
   const reclaim = instance.retain ? "Retain" : undefined;
   const annotations = e.metadata.annotations ?? {};
   if (
@@ -205,6 +204,8 @@ async function deploy(
   ) {
     await annotate(ctx, e, { [HOST_ANNOTATION]: target.host, [RECLAIM_ANNOTATION]: reclaim ?? null });
   }
+  // remembered only once annotated: an apply whose annotation failed is done again, as the resync checks would not
+  ctx.applied.set(e.metadata.uid!, state);
   return state;
 }
 
