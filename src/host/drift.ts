@@ -2,7 +2,7 @@
  * Drift: how an instance on its host differs from what the controller rendered for it, read from one inspection of
  * the host. Pure; the resync check (provision/host_checks.ts) applies again only instances that drifted.
  */
-import type { RenderedInstance } from "./render.ts";
+import type { RenderedFile, RenderedInstance } from "./render.ts";
 import { type InspectedInstance, sha256 } from "./remote.ts";
 
 /** What differs, one phrase each (empty: nothing does). Files as the apply script writes them; both units active. */
@@ -12,7 +12,7 @@ export function drift(r: RenderedInstance, found: InspectedInstance | undefined)
   const out: string[] = [];
   for (const f of r.files) {
     const content = sha256(f.content);
-    const mode = `${f.mode.toString(8)}:${f.owner}:${f.owner}`;
+    const mode = modeOf(f);
     for (const path of [f.path, ...f.links]) {
       const h = have.get(path);
       if (!h) out.push(`${path} is missing`);
@@ -28,3 +28,6 @@ export function drift(r: RenderedInstance, found: InspectedInstance | undefined)
   if (!found.volume) out.push(`volume ${r.volume} is missing`);
   return out;
 }
+
+/** A rendered file's mode and owner as inspect reports them (stat's %a:%u:%g), the apply having set both. */
+export const modeOf = (f: RenderedFile) => `${f.mode.toString(8)}:${f.owner}:${f.owner}`;

@@ -4,6 +4,7 @@
  */
 import { type ApplyOutcome, type HostApplyOptions, type HostOps, HostScriptError } from "./lab.ts";
 import { OWNER_PREFIX, type RenderedInstance } from "./render.ts";
+import { modeOf } from "./drift.ts";
 import { type HostInspection, type InspectedInstance, sha256 } from "./remote.ts";
 import { SshError, type SshTarget } from "./ssh.ts";
 
@@ -129,7 +130,7 @@ function inspected(i: FakeInstance): InspectedInstance {
       [f.path, ...f.links].map((path) => ({
         kind: path.endsWith("-runtime.container") ? "runtime" : path.endsWith(".container") ? "exporter" : "config",
         path,
-        mode: `${f.mode.toString(8)}:${f.owner}:${f.owner}`,
+        mode: modeOf(f),
         sha256: sha256(f.content),
       }))
     ),
