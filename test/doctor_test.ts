@@ -225,7 +225,7 @@ Deno.test({
   },
 });
 
-// ---------------------------------------------------------------- Podman older than 5.3, faked
+// ---------------------------------------------------------------- Podman versions around the floor, faked
 
 /**
  * A stand-in `podman` in /usr/local/bin, first in the PATH of both the SSH session and the host scripts, that claims
@@ -245,7 +245,7 @@ async function fakePodmanVersion(h: LabHost, version: string): Promise<void> {
 const realPodman = (h: LabHost) => sh(h, "rm -f /usr/local/bin/podman");
 
 Deno.test({
-  name: "Podman floor, faked versions (a wrapper first in PATH): doctor and deploy agree on 4.4/4.9/5.2 vs 5.3+",
+  name: "Podman floor, faked versions (a wrapper first in PATH): doctor and deploy agree on 4.3 vs 4.4+",
   sanitizeResources: false,
   sanitizeOps: false,
   async fn() {
@@ -262,9 +262,11 @@ Deno.test({
       await sh(h, `echo '# made by hand' >${rtQuadlet}`);
       for (
         const [version, refused] of [
-          ["4.4.1", true],
-          ["4.9.3", true],
-          ["5.2.5", true],
+          ["3.4.4", true],
+          ["4.3.1", true],
+          ["4.4.1", false],
+          ["4.9.3", false],
+          ["5.2.5", false],
           ["5.3.0-rc1", false],
           ["5.3.0", false],
           ["5.4.2", false],
@@ -288,7 +290,10 @@ Deno.test({
           assert.match(podmanLine, new RegExp(`^✗ podman +podman ${version.replaceAll(".", "\\.")} is too old`));
         } else {
           assert.equal(d.code, 0, d.text);
-          assert.match(podmanLine, new RegExp(`^✓ podman +podman ${version.replaceAll(".", "\\.")}$`));
+          const form = /^(4\.|5\.[0-2]\.)/.test(version)
+            ? "Network=container:<name>-runtime with "
+            : "Network=<name>-runtime\\.container$";
+          assert.match(podmanLine, new RegExp(`^✓ podman +podman ${version.replaceAll(".", "\\.")}: .* by ${form}`));
         }
       }
       console.log(`  ${table.join("\n  ")}`);

@@ -19,7 +19,9 @@ import { checkPrivateKey, type PrivateKeyCheck } from "../host/ssh_key.ts";
 import { SshError, SshPool, type SshTarget } from "../host/ssh.ts";
 import { LabHosts } from "../host/lab.ts";
 import { netAddress, parseHostAliases } from "../host/lab_hosts.ts";
-import { type HostInspection, MIN_PODMAN, podmanTooOld, shellCommand, shQuote } from "../host/remote.ts";
+import { type HostInspection, podmanTooOld, shellCommand, shQuote } from "../host/remote.ts";
+import { MIN_PODMAN, networkFormText } from "../host/quadlet_dialect.ts";
+import { dialectOf } from "../host/render.ts";
 import { consoleIo, type Io, parseFlags } from "./render.ts";
 
 export const DOCTOR_USAGE = `usage: qemu-ssh-provisioner doctor --host HOST [--port 22] [--user root] --key PATH
@@ -577,19 +579,25 @@ function reportInspection(s: Subject, h: HostInspection, probe: string[][], repo
     report.add(
       "fail",
       "podman",
-      `podman ${podman} is too old: its quadlet cannot put the exporter in the runtime's network ` +
-        `(Network=<name>-runtime.container needs >= ${QUADLET_PODMAN}; RHEL 9 and Ubuntu 24.04 ship older), and ` +
-        "run refuses to deploy here (PodmanTooOld)",
+      `podman ${podman} is too old: it has no quadlet (since ${QUADLET_PODMAN}; Debian 12 ships 4.3.1), and run ` +
+        "refuses to deploy here (PodmanTooOld)",
       `upgrade podman to ${QUADLET_PODMAN} or later`,
     );
   } else if (old === undefined) {
     report.add(
       "warn",
       "podman",
-      `podman ${podman}: not a version number; run deploys anyway, and needs >= ${QUADLET_PODMAN}`,
+      `podman ${podman}: not a version number; run deploys as for the newest Podman (exporter in ` +
+        `${networkFormText(dialectOf({ podman }))}), and needs >= 5.3 for that`,
       "make sure this podman's quadlet understands Network=<name>.container",
     );
-  } else report.add("ok", "podman", `podman ${podman}`);
+  } else {
+    report.add(
+      "ok",
+      "podman",
+      `podman ${podman}: exporter in the runtime's network by ${networkFormText(dialectOf({ podman }))}`,
+    );
+  }
   if (h.generator) report.add("ok", "quadlet", `generator ${h.generator}`);
   else {
     report.add(

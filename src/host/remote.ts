@@ -34,6 +34,7 @@ import {
   stageContainer,
   volumeName,
 } from "./render.ts";
+import { MIN_PODMAN, podmanVersionParts, quadletDialect } from "./quadlet_dialect.ts";
 
 /** Single-quotes a value for sh. */
 export function shQuote(s: string): string {
@@ -51,28 +52,16 @@ export function shellCommand(user: string): string {
 
 const GENERATORS = ["/usr/lib/systemd/system-generators/podman-system-generator", "/usr/libexec/podman/quadlet"];
 
-/**
- * The oldest Podman whose quadlet understands the exporter's `Network=<name>-runtime.container` (the runtime's network
- * namespace; podman commit 71fd157, first in v5.3.0-rc1). An older quadlet makes no exporter service at all, so the
- * apply script refuses such a host (`podman-too-old`) before it writes anything, and `doctor` fails it.
- */
-export const MIN_PODMAN: readonly [number, number] = [5, 3];
-
-/**
- * Whether `podman --version`'s number (`4.9.3`, `5.3.0-rc1`) is older than MIN_PODMAN; undefined when it is not a
- * version number at all. The apply script makes the same comparison in sh.
- */
+/** Whether `podman --version`'s number is older than MIN_PODMAN; undefined when it is not a version number at all. */
 export function podmanTooOld(version: string): boolean | undefined {
-  const m = /^([0-9]+)\.([0-9]+)/.exec(version);
-  if (!m) return undefined;
-  const [major, minor] = [Number(m[1]), Number(m[2])];
-  return major < MIN_PODMAN[0] || (major === MIN_PODMAN[0] && minor < MIN_PODMAN[1]);
+  return podmanVersionParts(version) === undefined ? undefined : quadletDialect(version) === "too-old";
 }
 
-// The apply's check of MIN_PODMAN, after the tools are known to be there.
+// The apply's check of MIN_PODMAN, after the tools are known to be there. The same comparison as podmanTooOld, in sh.
 const [MIN_MAJOR, MIN_MINOR] = MIN_PODMAN;
-const PODMAN_CHECK = `# An older quadlet would take the files and make no exporter service: refuse before anything is
-# written. A version that is not a number (a development build) is let through.
+const PODMAN_CHECK =
+  `# Without quadlet the files would be written and no service made: refuse before anything is written. A version
+# that is not a number (a development build) is let through.
 v=$(podman --version 2>/dev/null || true)
 v=\${v##* }
 major=\${v%%.*}
@@ -82,9 +71,8 @@ minor=\${minor%%[!0-9]*}
 case "$major" in '' | *[!0-9]*) minor= ;; esac
 if [ -n "$minor" ] &&
   { [ "$major" -lt ${MIN_MAJOR} ] || { [ "$major" -eq ${MIN_MAJOR} ] && [ "$minor" -lt ${MIN_MINOR} ]; }; }; then
-  err "podman-too-old podman $v is older than ${MIN_MAJOR}.${MIN_MINOR}: its quadlet cannot put the exporter in the \\
-runtime's network (Network=<name>-runtime.container), so no exporter would start; upgrade podman to \\
-${MIN_MAJOR}.${MIN_MINOR} or later"
+  err "podman-too-old podman $v is older than ${MIN_MAJOR}.${MIN_MINOR} and has no quadlet, so no exporter service \\
+could be made; upgrade podman to ${MIN_MAJOR}.${MIN_MINOR} or later (Debian 13, Ubuntu 24.04, RHEL 9.2 and later ship it)"
 fi`;
 
 // Shared by all scripts: strict mode, a sane PATH, and a trap that names the step a failure happened in.

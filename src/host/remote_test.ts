@@ -5,7 +5,6 @@ import { renderInstance } from "./render.ts";
 import {
   applyScript,
   inspectScript,
-  MIN_PODMAN,
   parseApplyOutput,
   parseInspectOutput,
   parseRemoveOutput,
@@ -14,6 +13,7 @@ import {
   shellCommand,
   shQuote,
 } from "./remote.ts";
+import { MIN_PODMAN } from "./quadlet_dialect.ts";
 
 const params: InstanceParams = { ...seedParams, runtime: { kvm: true, devices: ["/dev/ttyUSB0:/dev/ttyS1"] } };
 const TOKEN = "eyJhbGciOiJSUzI1NiJ9.very-secret-token";
@@ -318,12 +318,16 @@ async function preflight(podmanVersion: string | null) {
   return parseApplyOutput(dec.decode(out.stdout), dec.decode(out.stderr), out.code);
 }
 
-Deno.test("applyScript: a Podman older than 5.3 is refused (podman-too-old) before anything is written", async () => {
-  assert.deepEqual(MIN_PODMAN, [5, 3]);
+Deno.test("applyScript: a Podman older than 4.4 (no quadlet) is refused (podman-too-old) before anything is written", async () => {
+  assert.deepEqual(MIN_PODMAN, [4, 4]);
   const cases: [string, boolean | undefined][] = [
-    ["podman version 4.4.1", true],
-    ["podman version 4.9.3", true],
-    ["podman version 5.2.5", true],
+    ["podman version 3.4.4", true],
+    ["podman version 4.3.1", true],
+    ["podman version 4.3.1+ds1-8+deb12u1+b3", true],
+    ["podman version 4.4.0-rc1", false],
+    ["podman version 4.4.1", false],
+    ["podman version 4.9.3", false],
+    ["podman version 5.2.5", false],
     ["podman version 5.3.0-rc1", false],
     ["podman version 5.3.0", false],
     ["podman version 5.4.2", false],
@@ -341,9 +345,9 @@ Deno.test("applyScript: a Podman older than 5.3 is refused (podman-too-old) befo
       assert.deepEqual(report.errors.map((e) => e.code), ["podman-too-old"], line);
       assert.match(
         report.errors[0].message,
-        new RegExp(`^podman ${version.replaceAll(".", "\\.")} is older than 5\\.3: `),
+        new RegExp(`^podman ${version.replace(/[.+]/g, "\\$&")} is older than 4\\.4 and has no quadlet`),
       );
-      assert.match(report.errors[0].message, /Network=<name>-runtime\.container.*; upgrade podman to 5\.3 or later$/);
+      assert.match(report.errors[0].message, /; upgrade podman to 4\.4 or later \(/);
       assert.deepEqual(report.changed, [], "nothing written");
     } else {
       // a version that is not a number is let through: the apply goes on to the ownership step
@@ -356,12 +360,15 @@ Deno.test("applyScript: a Podman older than 5.3 is refused (podman-too-old) befo
 
 Deno.test("parseApplyOutput: a podman-too-old refusal is an error with its code, not a failed step", () => {
   const r = parseApplyOutput(
-    "qsp error podman-too-old podman 4.9.3 is older than 5.3: ...; upgrade podman to 5.3 or later\nqsp done\n",
+    "qsp error podman-too-old podman 4.3.1 is older than 4.4 and has no quadlet ...; upgrade podman to 4.4 or later\nqsp done\n",
     "",
     2,
   );
   assert.equal(r.ok, false);
   assert.deepEqual(r.errors, [
-    { code: "podman-too-old", message: "podman 4.9.3 is older than 5.3: ...; upgrade podman to 5.3 or later" },
+    {
+      code: "podman-too-old",
+      message: "podman 4.3.1 is older than 4.4 and has no quadlet ...; upgrade podman to 4.4 or later",
+    },
   ]);
 });

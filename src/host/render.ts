@@ -7,6 +7,7 @@ import { Document, Scalar, type ScalarTag, type Tags, visit } from "yaml";
 import type { DriverSpec, ExporterSet, VirtualTargetClass } from "../api/types.ts";
 import { DEFAULTS, PROVISIONER } from "../api/types.ts";
 import { type InstanceParams, type PullPolicy, QEMU_DRIVER_TYPE, qemuQuantity } from "./instance_params.ts";
+import { NEWEST_DIALECT, OLDEST_DIALECT, type QuadletDialect, quadletDialect } from "./quadlet_dialect.ts";
 
 export interface Instance {
   namespace: string;
@@ -177,8 +178,25 @@ export function ownerLine(inst: Pick<Instance, "namespace" | "setName" | "name" 
   return `${OWNER_PREFIX}namespace=${inst.namespace} set=${inst.setName} exporter=${inst.name}${retain} uid=${inst.uid}`;
 }
 
-export function renderInstance(inst: Instance): RenderedInstance {
+/** What rendering needs to know about the host: its `podman --version` number, when known. */
+export interface RenderHost {
+  podman?: string;
+}
+
+/**
+ * The quadlet dialect to render for a host. Unknown: the newest. Below quadlet (MIN_PODMAN) the apply script refuses
+ * the host before it writes anything, so what is rendered for it never reaches a generator; the oldest dialect keeps
+ * rendering total.
+ */
+export function dialectOf(host: RenderHost): QuadletDialect {
+  if (host.podman === undefined) return NEWEST_DIALECT;
+  const d = quadletDialect(host.podman);
+  return d === "too-old" ? OLDEST_DIALECT : d;
+}
+
+export function renderInstance(inst: Instance, host: RenderHost = {}): RenderedInstance {
   checkIdentity(inst);
+  const dialect = dialectOf(host);
   const units = { runtime: `${inst.name}-runtime`, exporter: `${inst.name}-exporter` };
   const header = [MANAGED_HEADER, ownerLine(inst)];
   const mountDir = configMountDir(inst.name);
@@ -198,8 +216,8 @@ export function renderInstance(inst: Instance): RenderedInstance {
         secret: true,
         links: [configPath(inst.name)],
       },
-      quadletFile(units.runtime, renderRuntime(inst, header)),
-      quadletFile(units.exporter, renderExporter(inst, header)),
+      quadletFile(units.runtime, renderRuntime(inst, header, dialect)),
+      quadletFile(units.exporter, renderExporter(inst, header, dialect)),
     ],
     units: { runtime: `${units.runtime}.service`, exporter: `${units.exporter}.service` },
     devices: inst.params.runtime.devices.map((d) => d.split(":")[0]),
@@ -318,12 +336,12 @@ function unit(sections: [string, [string, string][]][], header: string[]): strin
   return lines.join("\n") + "\n";
 }
 
-function commonContainerKeys(inst: Instance, role: ImageRole): [string, string][] {
+function commonContainerKeys(inst: Instance, role: ImageRole, d: QuadletDialect): [string, string][] {
   const p = inst.params;
   const image = p.images[role];
   const keys: [string, string][] = [
     ["Image", image.image],
-    ["Pull", pullOf(inst, role)],
+    d.pullKey ? ["Pull", pullOf(inst, role)] : ["PodmanArgs", `--pull=${pullOf(inst, role)}`],
     ["ContainerName", `${inst.name}-${role}`],
     ["Label", `jumpstarter.dev/exporter=${inst.name}`],
     ["Label", `jumpstarter.dev/namespace=${inst.namespace}`],
@@ -334,8 +352,9 @@ function commonContainerKeys(inst: Instance, role: ImageRole): [string, string][
     ["Volume", `${volumeName(inst.name)}:/shared:z`],
   ];
   // Both containers get /dev/kvm: QEMU runs in the runtime, but the driver in the exporter checks /dev/kvm to decide
-  // on KVM acceleration. `-`: start even if it is missing; the apply script checks for it when KVM is required.
-  if (p.runtime.kvm) keys.push(["AddDevice", "-/dev/kvm"]);
+  // on KVM acceleration. `-`: start even if it is missing; the apply script checks for it when KVM is required. A
+  // quadlet without `-` gets the plain path: the same check refuses a host without it before anything starts.
+  if (p.runtime.kvm) keys.push(["AddDevice", d.optionalDevice ? "-/dev/kvm" : "/dev/kvm"]);
   // Extra devices go to both as well: QEMU passes them through, and drivers in the exporter (serial consoles,
   // power switches next to the virtual target) open them directly. A device is only opened by whoever uses it.
   for (const d of p.runtime.devices) keys.push(["AddDevice", d]);
@@ -355,11 +374,11 @@ function service(restart: "always" | "on-failure", extra: [string, string][] = [
 // quadlet units cannot be `systemctl enable`d; [Install] is how they start at boot
 const install: [string, [string, string][]] = ["Install", [["WantedBy", "multi-user.target"]]];
 
-function renderRuntime(inst: Instance, header: string[]): string {
+function renderRuntime(inst: Instance, header: string[], d: QuadletDialect): string {
   return unit([
     ["Unit", [["Description", `Jumpstarter QEMU runtime of ${inst.namespace}/${inst.name} (set ${inst.setName})`]]],
     ["Container", [
-      ...commonContainerKeys(inst, "runtime"),
+      ...commonContainerKeys(inst, "runtime", d),
       // the image says USER 65532; QEMU needs root for devices, as upstream runs it
       ["User", "0"],
       [
@@ -391,21 +410,24 @@ function stageCommand(inst: Instance): string {
   ].join(" ");
 }
 
-function renderExporter(inst: Instance, header: string[]): string {
+function renderExporter(inst: Instance, header: string[], d: QuadletDialect): string {
   const runtime = `${inst.name}-runtime`;
   return unit([
     ["Unit", [
       ["Description", `Jumpstarter exporter ${inst.namespace}/${inst.name} (set ${inst.setName})`],
       // BindsTo: when the runtime stops, its network namespace is gone, so the exporter must go with it (and
-      // systemd restarts it along with the runtime). Network= below adds Requires/After as well.
+      // systemd restarts it along with the runtime). `Network=<unit>.container` adds Requires/After as well;
+      // `container:<name>` is only a name to quadlet, so there the ordering is all ours.
+      ...(d.network === "container" ? [["Requires", `${runtime}.service`] as [string, string]] : []),
       ["BindsTo", `${runtime}.service`],
       ["After", `${runtime}.service`],
     ]],
     ["Container", [
-      ...commonContainerKeys(inst, "exporter"),
+      ...commonContainerKeys(inst, "exporter", d),
       // The runtime's network namespace: the tcp driver's 127.0.0.1:2222 is QEMU's ssh forward of this instance
-      // only, and any number of instances on one host each have their own 2222.
-      ["Network", `${runtime}.container`],
+      // only, and any number of instances on one host each have their own 2222. The runtime's ContainerName is
+      // `<name>-runtime` (commonContainerKeys).
+      ["Network", d.network === "unit" ? `${runtime}.container` : `container:${runtime}`],
       ["Volume", `${configMountDir(inst.name)}:${CONFIG_DIR}:ro,z`],
       // non-root whatever the image says; the config and the shared volume are this uid's
       ["User", String(EXPORTER_UID)],

@@ -398,3 +398,42 @@ Deno.test("statedPullPolicy and instanceOf: what the set or the class states, pe
   assert.equal(pullOf(inst, "runtime"), "missing", "IfNotPresent stated on a :latest image is followed");
   assert.equal(pullOf(inst, "exporter"), "newer");
 });
+
+Deno.test("per host Podman: the exporter's network and the keys each quadlet has, nothing else differs", () => {
+  const inst = seedInstance({ params: { ...seedParams, runtime: { kvm: true, devices: [] } } });
+  const n = inst.name;
+  const quadlets = (podman?: string) => {
+    const r = renderInstance(inst, { podman });
+    return { rt: fileOf(r, "-runtime.container").content, ex: fileOf(r, "-exporter.container").content };
+  };
+  const newest = quadlets();
+  assert.deepEqual(quadlets("5.4.2"), newest, "5.3 and later, and an unknown version: the newest form");
+  assert.deepEqual(quadlets("dev"), newest);
+  assert.match(newest.ex, new RegExp(`^Network=${n}-runtime\\.container$`, "m"));
+  assert.doesNotMatch(newest.ex, /^Requires=/m, "Network=<unit>.container makes quadlet add it");
+
+  // 4.6 - 5.2: the runtime's container by name, with the ordering quadlet adds only for the unit form
+  const v49 = quadlets("4.9.3");
+  assert.deepEqual(quadlets("5.2.5"), v49);
+  assert.equal(v49.rt, newest.rt, "the runtime's quadlet is the same");
+  const [newLines, oldLines] = [newest.ex.split("\n"), v49.ex.split("\n")];
+  assert.deepEqual(newLines.filter((l) => !oldLines.includes(l)), [`Network=${n}-runtime.container`]);
+  assert.deepEqual(oldLines.filter((l) => !newLines.includes(l)), [
+    `Requires=${n}-runtime.service`,
+    `Network=container:${n}-runtime`,
+  ]);
+  assert.match(v49.rt, new RegExp(`^ContainerName=${n}-runtime$`, "m"), "the name Network=container: refers to");
+
+  // 4.4 - 4.5: no Pull= and no optional device yet
+  const v44 = quadlets("4.4.1");
+  for (const [old, mid] of [[v44.rt, v49.rt], [v44.ex, v49.ex]]) {
+    assert.doesNotMatch(old, /^Pull=/m);
+    assert.match(old, /^AddDevice=\/dev\/kvm$/m, "required: the apply refuses a host without it (kvm-missing)");
+    const pull = /^Pull=(.*)$/m.exec(mid)![1];
+    assert.equal(
+      old,
+      mid.replace(/^Pull=.*$/m, `PodmanArgs=--pull=${pull}`).replace("AddDevice=-/dev/kvm", "AddDevice=/dev/kvm"),
+    );
+  }
+  assert.deepEqual(quadlets("4.3.1"), v44, "below quadlet (refused by the apply): the oldest form, never thrown");
+});

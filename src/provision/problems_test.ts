@@ -13,11 +13,11 @@ Deno.test("applyFailureReason: refusals a person fixes on the host have their ow
 
 Deno.test("applyFailureText: names the host, then every error", () => {
   const text = applyFailureText("lab-host-01.example.com", [
-    "podman-too-old: podman 4.9.3 is older than 5.3: ...; upgrade podman to 5.3 or later",
+    "podman-too-old: podman 4.3.1 is older than 4.4 and has no quadlet ...; upgrade podman to 4.4 or later",
   ]);
   assert.equal(
     text,
-    "on lab-host-01.example.com: podman-too-old: podman 4.9.3 is older than 5.3: ...; upgrade podman to 5.3 or later",
+    "on lab-host-01.example.com: podman-too-old: podman 4.3.1 is older than 4.4 and has no quadlet ...; upgrade podman to 4.4 or later",
   );
 });
 
