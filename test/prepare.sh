@@ -13,6 +13,12 @@ for tool in debootstrap:debootstrap systemd-nspawn:systemd-container zstd:zstd s
   ssh-keygen:openssh-client openssl:openssl ip:iproute2 flock:util-linux python3:python3 mformat:mtools; do
   command -v "${tool%%:*}" >/dev/null || missing+=("${tool#*:}")
 done
+# Podman 4.9.3 (test/podman/build.sh) is built with cgo against libseccomp and libsystemd's headers
+command -v gcc >/dev/null || missing+=(gcc libc6-dev)
+command -v pkg-config >/dev/null || missing+=(pkg-config)
+for lib in libseccomp libsystemd; do
+  pkg-config --exists "$lib" 2>/dev/null || missing+=("$lib-dev")
+done
 # the real chain's wheels are fetched with this machine's pip, its jmp client lives in a venv
 python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
 python3 -c 'import ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
@@ -29,6 +35,11 @@ echo "prepare: control plane binaries ready ($((SECONDS - t0))s)" >&2
 t0=$SECONDS
 bash test/labhost/labhost.sh base
 echo "prepare: lab host base image ready ($((SECONDS - t0))s)" >&2
+# the lab-host variants of the Podman tests: Podman 4.9.3 in place of trixie's 5.4, and bookworm's 4.3.1
+t0=$SECONDS
+bash test/podman/build.sh 4.9.3 >/dev/null
+SUITE=bookworm bash test/labhost/labhost.sh base
+echo "prepare: Podman 4.9.3 and the bookworm lab host image ready ($((SECONDS - t0))s)" >&2
 
 # The real Jumpstarter chain: the controller is a CPU-bound Go build; the exporter image and the jmp client mostly
 # download, so they run beside it.

@@ -1,6 +1,7 @@
 /**
  * The apply, remove and inspect scripts run for real on a simulated lab host (test/labhost: systemd 257, podman 5.4
- * with quadlet, /dev/kvm, stand-in images whose exporter checks the launcher socket, the tcp target and /dev/kvm).
+ * with quadlet, /dev/kvm, stand-in images whose exporter checks the launcher socket, the tcp target and /dev/kvm),
+ * and all of it again on one whose Podman is 4.9.3 built from source (Ubuntu 24.04's; the 4.4-5.2 quadlet dialect).
  * Needs root (network namespaces, bridge, systemd-nspawn); it is skipped otherwise.
  */
 import { seedParams } from "../../test/fixtures.ts";
@@ -28,7 +29,11 @@ import {
   shellCommand,
 } from "./remote.ts";
 
-const net: LabNet = await privateLabNet(3);
+/** The hosts it all runs on: Debian 13's own Podman, and Podman 4.9.3 in its place (test/podman/build.sh). */
+const VARIANTS: { suffix: string; net: LabNet; podman: RegExp }[] = [
+  { suffix: "", net: await privateLabNet(3), podman: /^5\./ },
+  { suffix: " (Podman 4.9.3)", net: { ...await privateLabNet(5), podman: "4.9.3" }, podman: /^4\.9\.3$/ },
+];
 const isRoot = Deno.uid() === 0;
 
 const params: InstanceParams = { ...seedParams, host: { name: "h1", user: "root", port: 22 } };
@@ -119,376 +124,385 @@ const started = (host: LabHost, c: string) => sh(host, `podman inspect -f '{{.St
 
 const ms = (d: number) => `${Math.round(d)} ms`;
 
-Deno.test({
-  name: "remote scripts on a lab host: apply, no-op, token rotation, drift, refusals, inspect, remove",
-  ignore: !isRoot,
-  sanitizeResources: false,
-  sanitizeOps: false,
-}, async (t) => {
-  const timings: string[] = [];
-  try {
-    const [host] = await startLabHosts(net, 1);
-    const a = instance("team-a", "pool-a1", "aaaaaaaa-0000-4000-8000-000000000001");
-    const b = instance("team-b", "pool-b1", "bbbbbbbb-0000-4000-8000-000000000002");
+for (const { suffix, net, podman } of VARIANTS) {
+  Deno.test({
+    name: `remote scripts on a lab host${suffix}: apply, no-op, token rotation, drift, refusals, inspect, remove`,
+    ignore: !isRoot,
+    sanitizeResources: false,
+    sanitizeOps: false,
+  }, async (t) => {
+    const timings: string[] = [];
+    try {
+      const [host] = await startLabHosts(net, 1);
+      // rendered for the host's Podman, as the controller does with what the host reports
+      const version = (await sh(host, "podman --version")).trim().split(" ").at(-1)!;
+      assert.match(version, podman);
+      const render = (inst: Instance) => renderInstance(inst, { podman: version });
+      const a = instance("team-a", "pool-a1", "aaaaaaaa-0000-4000-8000-000000000001");
+      const b = instance("team-b", "pool-b1", "bbbbbbbb-0000-4000-8000-000000000002");
 
-    await t.step("two instances on one host come up healthy, each in its own network namespace", async () => {
-      for (const inst of [a, b]) {
-        const t0 = performance.now();
-        const report = await apply(host, renderInstance(inst));
-        timings.push(`apply cold ${inst.name}: ${ms(performance.now() - t0)}`);
-        assertApplied(report);
-        assert.equal(report.changed.length, 4, JSON.stringify(report.changed));
-        assert.deepEqual([report.reloaded, report.volumeCreated], [true, true]);
-        assert.deepEqual(report.started, [`${inst.name}-runtime.service`, `${inst.name}-exporter.service`]);
-      }
-      for (const inst of [a, b]) {
-        await waitHealthy(host, inst.name);
-        const log = await journal(host, `${inst.name}-exporter`);
-        assert.match(log, new RegExp(`name=${inst.namespace}/${inst.name} endpoint=grpc\\.jumpstarter\\.example:443`));
-        assert.ok(!log.includes("token-one"), "the token is not logged");
-      }
-      const nsOf = (c: string) => sh(host, `readlink /proc/$(podman inspect -f '{{.State.Pid}}' ${c})/ns/net`);
-      assert.equal(await nsOf("pool-a1-exporter"), await nsOf("pool-a1-runtime"));
-      assert.notEqual(await nsOf("pool-a1-runtime"), await nsOf("pool-b1-runtime"));
-      const perms = await sh(
-        host,
-        "stat -c '%a %n' /etc/jumpstarter/exporters && stat -c '%a %h %n' /etc/jumpstarter/exporters/pool-a1.yaml",
-      );
-      assert.equal(perms, "700 /etc/jumpstarter/exporters\n600 2 /etc/jumpstarter/exporters/pool-a1.yaml\n");
-      // quadlet units cannot be enabled, [Install] wires them into the boot target
-      assert.match(await sh(host, "ls /run/systemd/generator/multi-user.target.wants/"), /pool-a1-exporter\.service/);
-      // Pull=newer (the :latest images, no pull policy stated) on a host that reaches no registry: Podman cannot
-      // compare digests and starts the local image, as its documentation says ("pull errors are suppressed if a
-      // local image was found")
-      for (const u of ["pool-a1-runtime", "pool-a1-exporter"]) {
-        assert.match(await sh(host, `systemctl cat ${u}.service`), /^ExecStart=.* --pull newer /m, u);
-      }
-      const pull = await hostExec(host, `podman pull --policy always ${params.images.exporter.image}`);
-      assert.notEqual(pull.code, 0, "the lab host reaches no registry");
-    });
-
-    await t.step(
-      "upstream's image contract: without the staged launcher or a readable config, nothing runs",
-      async () => {
-        // the contract as deployed: root runtime running the staged launcher, exporter as 65532 reading its own config
-        assert.match(await journal(host, "pool-a1-runtime"), /jumpstarter-exec: starting pid=\d+ uid=0 /);
-        assert.match(await journal(host, "pool-a1-exporter"), /standin-exporter: starting uid=65532 /);
-        assert.match(
-          await journal(host, "pool-a1-runtime"),
-          /log_fields="component=exporter,exporter=pool-a1,namespace=team-a"/,
+      await t.step("two instances on one host come up healthy, each in its own network namespace", async () => {
+        for (const inst of [a, b]) {
+          const t0 = performance.now();
+          const report = await apply(host, render(inst));
+          timings.push(`apply cold ${inst.name}: ${ms(performance.now() - t0)}`);
+          assertApplied(report);
+          assert.equal(report.changed.length, 4, JSON.stringify(report.changed));
+          assert.deepEqual([report.reloaded, report.volumeCreated], [true, true]);
+          assert.deepEqual(report.started, [`${inst.name}-runtime.service`, `${inst.name}-exporter.service`]);
+        }
+        for (const inst of [a, b]) {
+          await waitHealthy(host, inst.name);
+          const log = await journal(host, `${inst.name}-exporter`);
+          assert.match(
+            log,
+            new RegExp(`name=${inst.namespace}/${inst.name} endpoint=grpc\\.jumpstarter\\.example:443`),
+          );
+          assert.ok(!log.includes("token-one"), "the token is not logged");
+        }
+        const nsOf = (c: string) => sh(host, `readlink /proc/$(podman inspect -f '{{.State.Pid}}' ${c})/ns/net`);
+        assert.equal(await nsOf("pool-a1-exporter"), await nsOf("pool-a1-runtime"));
+        assert.notEqual(await nsOf("pool-a1-runtime"), await nsOf("pool-b1-runtime"));
+        const perms = await sh(
+          host,
+          "stat -c '%a %n' /etc/jumpstarter/exporters && stat -c '%a %h %n' /etc/jumpstarter/exporters/pool-a1.yaml",
         );
+        assert.equal(perms, "700 /etc/jumpstarter/exporters\n600 2 /etc/jumpstarter/exporters/pool-a1.yaml\n");
+        // quadlet units cannot be enabled, [Install] wires them into the boot target
+        assert.match(await sh(host, "ls /run/systemd/generator/multi-user.target.wants/"), /pool-a1-exporter\.service/);
+        // Pull=newer (the :latest images, no pull policy stated) on a host that reaches no registry: Podman cannot
+        // compare digests and starts the local image, as its documentation says ("pull errors are suppressed if a
+        // local image was found")
+        for (const u of ["pool-a1-runtime", "pool-a1-exporter"]) {
+          assert.match(await sh(host, `systemctl cat ${u}.service`), /^ExecStart=.* --pull newer /m, u);
+        }
+        const pull = await hostExec(host, `podman pull --policy always ${params.images.exporter.image}`);
+        assert.notEqual(pull.code, 0, "the lab host reaches no registry");
+      });
+
+      await t.step(
+        "upstream's image contract: without the staged launcher or a readable config, nothing runs",
+        async () => {
+          // the contract as deployed: root runtime running the staged launcher, exporter as 65532 reading its own config
+          assert.match(await journal(host, "pool-a1-runtime"), /jumpstarter-exec: starting pid=\d+ uid=0 /);
+          assert.match(await journal(host, "pool-a1-exporter"), /standin-exporter: starting uid=65532 /);
+          assert.match(
+            await journal(host, "pool-a1-runtime"),
+            /log_fields="component=exporter,exporter=pool-a1,namespace=team-a"/,
+          );
+          assert.equal(
+            await sh(
+              host,
+              "stat -c '%u:%g %a' /etc/jumpstarter/exporters/pool-a1.d /etc/jumpstarter/exporters/pool-a1.yaml",
+            ),
+            "65532:65532 700\n65532:65532 600\n",
+          );
+          const broken = (name: string, uid: string, edit: (r: RenderedInstance) => void) => {
+            const r = render(instance("team-c", name, uid));
+            edit(r);
+            return r;
+          };
+          const noStaging = broken("pool-c1", "cccccccc-0000-4000-8000-000000000001", (r) => {
+            const rt = r.files.find((f) => f.path.endsWith("-runtime.container"))!;
+            rt.content = rt.content.replace(/^ExecStartPre=.*\n/m, "");
+          });
+          const unreadable = broken("pool-c2", "cccccccc-0000-4000-8000-000000000002", (r) => {
+            r.files.find((f) => f.secret)!.owner = 0;
+          });
+          for (const r of [noStaging, unreadable]) {
+            const report = await apply(host, r, { settleSeconds: 8 });
+            assert.ok(report.ok, JSON.stringify(report.errors));
+            // Not asserted on the report: a container that fails at once is "active" for the moment between its start
+            // and its exit, and the apply's last look may fall there (with any pull policy). The journal and the
+            // restarts below are the evidence.
+          }
+          await pollUntil(
+            "the runtime without a launcher to fail",
+            async () => /jumpstarter-exec.*(no such file|not found)/i.test(await journal(host, "pool-c1-runtime")),
+          );
+          await pollUntil(
+            "the exporter to fail on its config",
+            async () => /config error: .*permission denied/.test(await journal(host, "pool-c2-exporter")),
+          );
+          for (const unit of ["pool-c1-runtime", "pool-c2-exporter"]) {
+            await pollUntil(`${unit} to be restarted by systemd after failing (it does not stay up)`, async () => {
+              const n = await sh(host, `systemctl show -p NRestarts --value ${unit}.service`);
+              return Number(n.trim()) > 0;
+            });
+          }
+          for (const r of [noStaging, unreadable]) {
+            const out = await runScript(host, removeScript(r.name));
+            assert.ok(parseRemoveOutput(out.stdout, out.stderr, out.code).ok, out.stdout + out.stderr);
+          }
+        },
+      );
+
+      await t.step("applying again changes nothing and restarts nothing", async () => {
+        const before = await started(host, "pool-a1-runtime pool-a1-exporter");
+        const t0 = performance.now();
+        const report = await apply(host, render(a));
+        timings.push(`apply no-op: ${ms(performance.now() - t0)}`);
+        assertApplied(report);
+        assert.deepEqual(
+          [report.changed, report.reloaded, report.restarted, report.hupped, report.started, report.volumeCreated],
+          [[], false, [], [], [], false],
+        );
+        assert.equal(await started(host, "pool-a1-runtime pool-a1-exporter"), before);
+      });
+
+      await t.step("a new token rewrites only the config, HUPs the exporter, and QEMU keeps running", async () => {
+        const before = await started(host, "pool-a1-runtime pool-a1-exporter");
+        const reloadsBefore = count(await journal(host, "pool-a1-exporter"), /SIGHUP, reloaded/);
+        const rotated = { ...a, token: "eyJ.token-two-pool-a1" };
+        const report = await apply(host, render(rotated));
+        assertApplied(report);
+        assert.deepEqual(report.changed, [
+          "/etc/jumpstarter/exporters/pool-a1.d/pool-a1.yaml",
+          "/etc/jumpstarter/exporters/pool-a1.yaml",
+        ]);
+        assert.deepEqual([report.reloaded, report.restarted, report.hupped], [false, [], ["pool-a1-exporter.service"]]);
+        await pollUntil("exporter reload", async () => {
+          return count(await journal(host, "pool-a1-exporter"), /SIGHUP, reloaded/) > reloadsBefore;
+        });
+        // the container sees the new file through its directory mount, without a restart
+        assert.match(
+          await sh(host, "podman exec pool-a1-exporter grep -c token-two /etc/jumpstarter/exporters/pool-a1.yaml"),
+          /^1$/m,
+        );
+        assert.equal(await started(host, "pool-a1-runtime pool-a1-exporter"), before);
+        // and a second apply with that token is a no-op again
+        const again = await apply(host, render(rotated));
+        assert.deepEqual([again.changed, again.hupped], [[], []]);
+        Object.assign(a, rotated);
+      });
+
+      await t.step("drift: a quadlet and the config link deleted by hand are put back without restarting", async () => {
+        const before = await started(host, "pool-a1-runtime pool-a1-exporter");
+        const inspected = async () => {
+          const out = await runScript(host, inspectScript());
+          return drift(render(a), parseInspectOutput(out.stdout, out.stderr, out.code).instances[0]);
+        };
+        assert.deepEqual(await inspected(), [], "the resync check's inspection agrees with the apply: no drift");
+        await sh(host, "rm /etc/containers/systemd/pool-a1-runtime.container /etc/jumpstarter/exporters/pool-a1.yaml");
+        assert.deepEqual(await inspected(), [
+          "/etc/jumpstarter/exporters/pool-a1.yaml is missing",
+          "/etc/containers/systemd/pool-a1-runtime.container is missing",
+        ]);
+        const report = await apply(host, render(a));
+        assertApplied(report);
+        assert.deepEqual(await inspected(), []);
+        assert.deepEqual(report.changed, [
+          "/etc/jumpstarter/exporters/pool-a1.yaml",
+          "/etc/containers/systemd/pool-a1-runtime.container",
+        ]);
+        assert.equal(report.reloaded, true);
+        assert.deepEqual([report.restarted, report.hupped], [[], []], "same content: nothing to restart");
+        assert.equal(await started(host, "pool-a1-runtime pool-a1-exporter"), before);
         assert.equal(
           await sh(
             host,
-            "stat -c '%u:%g %a' /etc/jumpstarter/exporters/pool-a1.d /etc/jumpstarter/exporters/pool-a1.yaml",
+            "stat -c %i /etc/jumpstarter/exporters/pool-a1.yaml /etc/jumpstarter/exporters/pool-a1.d/pool-a1.yaml | uniq | wc -l",
           ),
-          "65532:65532 700\n65532:65532 600\n",
+          "1\n",
+          "the link is one inode with the mounted file again",
         );
-        const broken = (name: string, uid: string, edit: (r: RenderedInstance) => void) => {
-          const r = renderInstance(instance("team-c", name, uid));
-          edit(r);
-          return r;
-        };
-        const noStaging = broken("pool-c1", "cccccccc-0000-4000-8000-000000000001", (r) => {
-          const rt = r.files.find((f) => f.path.endsWith("-runtime.container"))!;
-          rt.content = rt.content.replace(/^ExecStartPre=.*\n/m, "");
-        });
-        const unreadable = broken("pool-c2", "cccccccc-0000-4000-8000-000000000002", (r) => {
-          r.files.find((f) => f.secret)!.owner = 0;
-        });
-        for (const r of [noStaging, unreadable]) {
-          const report = await apply(host, r, { settleSeconds: 8 });
-          assert.ok(report.ok, JSON.stringify(report.errors));
-          // Not asserted on the report: a container that fails at once is "active" for the moment between its start
-          // and its exit, and the apply's last look may fall there (with any pull policy). The journal and the
-          // restarts below are the evidence.
-        }
-        await pollUntil(
-          "the runtime without a launcher to fail",
-          async () => /jumpstarter-exec.*(no such file|not found)/i.test(await journal(host, "pool-c1-runtime")),
-        );
-        await pollUntil(
-          "the exporter to fail on its config",
-          async () => /config error: .*permission denied/.test(await journal(host, "pool-c2-exporter")),
-        );
-        for (const unit of ["pool-c1-runtime", "pool-c2-exporter"]) {
-          await pollUntil(`${unit} to be restarted by systemd after failing (it does not stay up)`, async () => {
-            const n = await sh(host, `systemctl show -p NRestarts --value ${unit}.service`);
-            return Number(n.trim()) > 0;
-          });
-        }
-        for (const r of [noStaging, unreadable]) {
-          const out = await runScript(host, removeScript(r.name));
-          assert.ok(parseRemoveOutput(out.stdout, out.stderr, out.code).ok, out.stdout + out.stderr);
-        }
-      },
-    );
-
-    await t.step("applying again changes nothing and restarts nothing", async () => {
-      const before = await started(host, "pool-a1-runtime pool-a1-exporter");
-      const t0 = performance.now();
-      const report = await apply(host, renderInstance(a));
-      timings.push(`apply no-op: ${ms(performance.now() - t0)}`);
-      assertApplied(report);
-      assert.deepEqual(
-        [report.changed, report.reloaded, report.restarted, report.hupped, report.started, report.volumeCreated],
-        [[], false, [], [], [], false],
-      );
-      assert.equal(await started(host, "pool-a1-runtime pool-a1-exporter"), before);
-    });
-
-    await t.step("a new token rewrites only the config, HUPs the exporter, and QEMU keeps running", async () => {
-      const before = await started(host, "pool-a1-runtime pool-a1-exporter");
-      const reloadsBefore = count(await journal(host, "pool-a1-exporter"), /SIGHUP, reloaded/);
-      const rotated = { ...a, token: "eyJ.token-two-pool-a1" };
-      const report = await apply(host, renderInstance(rotated));
-      assertApplied(report);
-      assert.deepEqual(report.changed, [
-        "/etc/jumpstarter/exporters/pool-a1.d/pool-a1.yaml",
-        "/etc/jumpstarter/exporters/pool-a1.yaml",
-      ]);
-      assert.deepEqual([report.reloaded, report.restarted, report.hupped], [false, [], ["pool-a1-exporter.service"]]);
-      await pollUntil("exporter reload", async () => {
-        return count(await journal(host, "pool-a1-exporter"), /SIGHUP, reloaded/) > reloadsBefore;
       });
-      // the container sees the new file through its directory mount, without a restart
-      assert.match(
-        await sh(host, "podman exec pool-a1-exporter grep -c token-two /etc/jumpstarter/exporters/pool-a1.yaml"),
-        /^1$/m,
-      );
-      assert.equal(await started(host, "pool-a1-runtime pool-a1-exporter"), before);
-      // and a second apply with that token is a no-op again
-      const again = await apply(host, renderInstance(rotated));
-      assert.deepEqual([again.changed, again.hupped], [[], []]);
-      Object.assign(a, rotated);
-    });
 
-    await t.step("drift: a quadlet and the config link deleted by hand are put back without restarting", async () => {
-      const before = await started(host, "pool-a1-runtime pool-a1-exporter");
-      const inspected = async () => {
-        const out = await runScript(host, inspectScript());
-        return drift(renderInstance(a), parseInspectOutput(out.stdout, out.stderr, out.code).instances[0]);
-      };
-      assert.deepEqual(await inspected(), [], "the resync check's inspection agrees with the apply: no drift");
-      await sh(host, "rm /etc/containers/systemd/pool-a1-runtime.container /etc/jumpstarter/exporters/pool-a1.yaml");
-      assert.deepEqual(await inspected(), [
-        "/etc/jumpstarter/exporters/pool-a1.yaml is missing",
-        "/etc/containers/systemd/pool-a1-runtime.container is missing",
-      ]);
-      const report = await apply(host, renderInstance(a));
-      assertApplied(report);
-      assert.deepEqual(await inspected(), []);
-      assert.deepEqual(report.changed, [
-        "/etc/jumpstarter/exporters/pool-a1.yaml",
-        "/etc/containers/systemd/pool-a1-runtime.container",
-      ]);
-      assert.equal(report.reloaded, true);
-      assert.deepEqual([report.restarted, report.hupped], [[], []], "same content: nothing to restart");
-      assert.equal(await started(host, "pool-a1-runtime pool-a1-exporter"), before);
-      assert.equal(
-        await sh(
-          host,
-          "stat -c %i /etc/jumpstarter/exporters/pool-a1.yaml /etc/jumpstarter/exporters/pool-a1.d/pool-a1.yaml | uniq | wc -l",
-        ),
-        "1\n",
-        "the link is one inode with the mounted file again",
+      await t.step(
+        "deferRestart: a leased instance keeps running its old definition until an apply without it",
+        async () => {
+          const both = "pool-a1-runtime pool-a1-exporter";
+          const before = await started(host, both);
+          const neverPull = {
+            ...params,
+            images: { ...params.images, runtime: { ...params.images.runtime, pullPolicy: "Never" as const } },
+          };
+          const units = ["pool-a1-runtime.service", "pool-a1-exporter.service"];
+          const deferred = await apply(host, render({ ...a, params: neverPull }), { deferRestart: true });
+          assertApplied(deferred);
+          assert.deepEqual([deferred.changed, deferred.restarted, deferred.pending], [
+            ["/etc/containers/systemd/pool-a1-runtime.container"],
+            [],
+            units,
+          ]);
+          // systemd has the new definition loaded now: only the host's own record says the restart is still owed
+          const rotated = { ...a, params: neverPull, token: "eyJ.token-three-pool-a1" };
+          const again = await apply(host, render(rotated), { deferRestart: true });
+          assert.deepEqual([again.restarted, again.hupped, again.pending], [[], ["pool-a1-exporter.service"], units]);
+          assert.equal(await started(host, both), before, "nothing restarted under the lease");
+          const after = await apply(host, render(rotated));
+          assertApplied(after);
+          assert.deepEqual([after.changed, after.restarted, after.pending], [[], units, []]);
+          assert.notEqual(await started(host, both), before);
+          const settled = await apply(host, render(rotated));
+          assert.deepEqual([settled.restarted, settled.pending], [[], []], "restarted once, not on every apply");
+          Object.assign(a, rotated);
+        },
       );
-    });
 
-    await t.step(
-      "deferRestart: a leased instance keeps running its old definition until an apply without it",
-      async () => {
-        const both = "pool-a1-runtime pool-a1-exporter";
-        const before = await started(host, both);
+      await t.step("a runtime quadlet change restarts both units, an exporter change only the exporter", async () => {
+        const healthy = count(await journal(host, "pool-b1-exporter"), HEALTHY);
+        const rtBefore = await started(host, "pool-b1-runtime");
         const neverPull = {
           ...params,
           images: { ...params.images, runtime: { ...params.images.runtime, pullPolicy: "Never" as const } },
         };
-        const units = ["pool-a1-runtime.service", "pool-a1-exporter.service"];
-        const deferred = await apply(host, renderInstance({ ...a, params: neverPull }), { deferRestart: true });
-        assertApplied(deferred);
-        assert.deepEqual([deferred.changed, deferred.restarted, deferred.pending], [
-          ["/etc/containers/systemd/pool-a1-runtime.container"],
-          [],
-          units,
-        ]);
-        // systemd has the new definition loaded now: only the host's own record says the restart is still owed
-        const rotated = { ...a, params: neverPull, token: "eyJ.token-three-pool-a1" };
-        const again = await apply(host, renderInstance(rotated), { deferRestart: true });
-        assert.deepEqual([again.restarted, again.hupped, again.pending], [[], ["pool-a1-exporter.service"], units]);
-        assert.equal(await started(host, both), before, "nothing restarted under the lease");
-        const after = await apply(host, renderInstance(rotated));
-        assertApplied(after);
-        assert.deepEqual([after.changed, after.restarted, after.pending], [[], units, []]);
-        assert.notEqual(await started(host, both), before);
-        const settled = await apply(host, renderInstance(rotated));
-        assert.deepEqual([settled.restarted, settled.pending], [[], []], "restarted once, not on every apply");
-        Object.assign(a, rotated);
-      },
-    );
+        const report = await apply(host, render({ ...b, params: neverPull }));
+        assertApplied(report);
+        assert.deepEqual(report.changed, ["/etc/containers/systemd/pool-b1-runtime.container"]);
+        assert.deepEqual(report.restarted, ["pool-b1-runtime.service", "pool-b1-exporter.service"]);
+        assert.notEqual(await started(host, "pool-b1-runtime"), rtBefore);
+        await waitHealthy(host, "pool-b1", healthy);
 
-    await t.step("a runtime quadlet change restarts both units, an exporter change only the exporter", async () => {
-      const healthy = count(await journal(host, "pool-b1-exporter"), HEALTHY);
-      const rtBefore = await started(host, "pool-b1-runtime");
-      const neverPull = {
-        ...params,
-        images: { ...params.images, runtime: { ...params.images.runtime, pullPolicy: "Never" as const } },
-      };
-      const report = await apply(host, renderInstance({ ...b, params: neverPull }));
-      assertApplied(report);
-      assert.deepEqual(report.changed, ["/etc/containers/systemd/pool-b1-runtime.container"]);
-      assert.deepEqual(report.restarted, ["pool-b1-runtime.service", "pool-b1-exporter.service"]);
-      assert.notEqual(await started(host, "pool-b1-runtime"), rtBefore);
-      await waitHealthy(host, "pool-b1", healthy);
-
-      const rtNow = await started(host, "pool-b1-runtime");
-      const exBefore = await started(host, "pool-b1-exporter");
-      // (the exporter's image is in the runtime quadlet too: the runtime's launcher is staged from it)
-      const report2 = await apply(host, renderInstance({ ...b, params: neverPull, exitOnLeaseEnd: !b.exitOnLeaseEnd }));
-      assertApplied(report2);
-      assert.deepEqual(report2.restarted, ["pool-b1-exporter.service"]);
-      assert.equal(await started(host, "pool-b1-runtime"), rtNow);
-      assert.notEqual(await started(host, "pool-b1-exporter"), exBefore);
-      await waitHealthy(host, "pool-b1", healthy + 1);
-    });
-
-    await t.step("ExitAndReplace: an exporter that ended after its lease stays down and is reported", async () => {
-      const rt = await started(host, "pool-a1-runtime");
-      // SIGINT makes the stand-in exit 0, as `jmp run` does when exitOnLeaseEnd ends it after a lease
-      await sh(host, "podman kill --signal INT pool-a1-exporter");
-      await pollUntil("exporter exit", async () => {
-        return (await hostExec(host, "systemctl is-active pool-a1-exporter.service")).stdout.trim() === "inactive";
+        const rtNow = await started(host, "pool-b1-runtime");
+        const exBefore = await started(host, "pool-b1-exporter");
+        // (the exporter's image is in the runtime quadlet too: the runtime's launcher is staged from it)
+        const report2 = await apply(host, render({ ...b, params: neverPull, exitOnLeaseEnd: !b.exitOnLeaseEnd }));
+        assertApplied(report2);
+        assert.deepEqual(report2.restarted, ["pool-b1-exporter.service"]);
+        assert.equal(await started(host, "pool-b1-runtime"), rtNow);
+        assert.notEqual(await started(host, "pool-b1-exporter"), exBefore);
+        await waitHealthy(host, "pool-b1", healthy + 1);
       });
-      const kept = await apply(host, renderInstance(a), { keepExited: true });
-      assert.ok(kept.ok, JSON.stringify(kept.errors));
-      assert.deepEqual([kept.exited, kept.started, kept.restarted], [["pool-a1-exporter.service"], [], []]);
-      assert.equal(kept.states["pool-a1-exporter.service"].active, "inactive");
-      assert.equal(kept.states["pool-a1-runtime.service"].active, "active");
-      assert.equal(await started(host, "pool-a1-runtime"), rt, "QEMU is left alone");
 
-      // InPlaceReuse (or an exporter the controller keeps): the apply brings it back
-      const healthy = count(await journal(host, "pool-a1-exporter"), HEALTHY);
-      const back = await apply(host, renderInstance(a));
-      assertApplied(back);
-      assert.deepEqual([back.exited, back.started], [[], ["pool-a1-exporter.service"]]);
-      await waitHealthy(host, "pool-a1", healthy);
-    });
+      await t.step("ExitAndReplace: an exporter that ended after its lease stays down and is reported", async () => {
+        const rt = await started(host, "pool-a1-runtime");
+        // SIGINT makes the stand-in exit 0, as `jmp run` does when exitOnLeaseEnd ends it after a lease
+        await sh(host, "podman kill --signal INT pool-a1-exporter");
+        await pollUntil("exporter exit", async () => {
+          return (await hostExec(host, "systemctl is-active pool-a1-exporter.service")).stdout.trim() === "inactive";
+        });
+        const kept = await apply(host, render(a), { keepExited: true });
+        assert.ok(kept.ok, JSON.stringify(kept.errors));
+        assert.deepEqual([kept.exited, kept.started, kept.restarted], [["pool-a1-exporter.service"], [], []]);
+        assert.equal(kept.states["pool-a1-exporter.service"].active, "inactive");
+        assert.equal(kept.states["pool-a1-runtime.service"].active, "active");
+        assert.equal(await started(host, "pool-a1-runtime"), rt, "QEMU is left alone");
 
-    await t.step("refusals: another uid's files, a quadlet that generates no service, missing devices", async () => {
-      const files = "/etc/containers/systemd/pool-a1-*.container /etc/jumpstarter/exporters/pool-a1.yaml";
-      const sums = await sh(host, `sha256sum ${files}`);
-      const intruder = instance("team-z", "pool-a1", "zzzzzzzz-0000-4000-8000-000000000009");
-      const conflict = await apply(host, renderInstance(intruder));
-      assert.equal(conflict.ok, false);
-      assert.deepEqual(new Set(conflict.errors.map((e) => e.code)), new Set(["owner-conflict"]));
-      assert.match(conflict.errors[0].message, /uid=aaaaaaaa-0000-4000-8000-000000000001, not uid=zzzzzzzz-/);
-      assert.deepEqual(conflict.changed, []);
-      assert.equal(await sh(host, `sha256sum ${files}`), sums, "nothing of the owner's was touched");
-      const removeConflict = await runScript(host, removeScript("pool-a1", { uid: intruder.uid }));
-      assert.deepEqual(
-        parseRemoveOutput(removeConflict.stdout, removeConflict.stderr, removeConflict.code).errors.map((e) =>
-          e.code
-        )[0],
-        "owner-conflict",
-      );
+        // InPlaceReuse (or an exporter the controller keeps): the apply brings it back
+        const healthy = count(await journal(host, "pool-a1-exporter"), HEALTHY);
+        const back = await apply(host, render(a));
+        assertApplied(back);
+        assert.deepEqual([back.exited, back.started], [[], ["pool-a1-exporter.service"]]);
+        await waitHealthy(host, "pool-a1", healthy);
+      });
 
-      // a key podman does not know makes quadlet skip the file: the service silently does not exist
-      const c = renderInstance(instance("team-c", "pool-c1", "cccccccc-0000-4000-8000-000000000003"));
-      const rt = c.files.find((f) => f.path.endsWith("-runtime.container"))!;
-      rt.content = rt.content.replace("[Container]\n", "[Container]\nNoSuchKey=1\n");
-      const bad = await apply(host, c);
-      assert.equal(bad.ok, false);
-      assert.equal(bad.errors.length, 1, JSON.stringify(bad.errors));
-      assert.equal(bad.errors[0].code, "unit-missing");
-      assert.match(bad.errors[0].message, /pool-c1-runtime\.service: .*NoSuchKey/);
+      await t.step("refusals: another uid's files, a quadlet that generates no service, missing devices", async () => {
+        const files = "/etc/containers/systemd/pool-a1-*.container /etc/jumpstarter/exporters/pool-a1.yaml";
+        const sums = await sh(host, `sha256sum ${files}`);
+        const intruder = instance("team-z", "pool-a1", "zzzzzzzz-0000-4000-8000-000000000009");
+        const conflict = await apply(host, render(intruder));
+        assert.equal(conflict.ok, false);
+        assert.deepEqual(new Set(conflict.errors.map((e) => e.code)), new Set(["owner-conflict"]));
+        assert.match(conflict.errors[0].message, /uid=aaaaaaaa-0000-4000-8000-000000000001, not uid=zzzzzzzz-/);
+        assert.deepEqual(conflict.changed, []);
+        assert.equal(await sh(host, `sha256sum ${files}`), sums, "nothing of the owner's was touched");
+        const removeConflict = await runScript(host, removeScript("pool-a1", { uid: intruder.uid }));
+        assert.deepEqual(
+          parseRemoveOutput(removeConflict.stdout, removeConflict.stderr, removeConflict.code).errors.map((e) =>
+            e.code
+          )[0],
+          "owner-conflict",
+        );
 
-      const d = renderInstance(instance("team-d", "pool-d1", "dddddddd-0000-4000-8000-000000000004", {
-        params: { ...params, runtime: { kvm: true, devices: ["/dev/qsp-no-such-device"] } },
-      }));
-      // the script runs where /dev/kvm is hidden (a private mount namespace); the host itself keeps it
-      const noKvm = "unshare -m --propagation private sh -c 'touch /run/qsp-no-kvm && mount --bind /run/qsp-no-kvm " +
-        "/dev/kvm && exec sh -s'";
-      const missing = await apply(host, d, { command: noKvm });
-      assert.deepEqual(missing.errors.map((e) => e.code), ["kvm-missing", "device-missing"]);
-      assert.deepEqual(missing.started, [], "nothing is started on a host that lacks the devices");
-      assert.equal(
-        await sh(host, "systemctl is-active pool-d1-runtime.service pool-d1-exporter.service || true"),
-        "inactive\ninactive\n",
-      );
-    });
+        // a key podman does not know makes quadlet skip the file: the service silently does not exist
+        const c = render(instance("team-c", "pool-c1", "cccccccc-0000-4000-8000-000000000003"));
+        const rt = c.files.find((f) => f.path.endsWith("-runtime.container"))!;
+        rt.content = rt.content.replace("[Container]\n", "[Container]\nNoSuchKey=1\n");
+        const bad = await apply(host, c);
+        assert.equal(bad.ok, false);
+        assert.equal(bad.errors.length, 1, JSON.stringify(bad.errors));
+        assert.equal(bad.errors[0].code, "unit-missing");
+        assert.match(bad.errors[0].message, /pool-c1-runtime\.service: .*NoSuchKey/);
 
-    await t.step("inspect lists every managed instance with its owner, including half-deployed ones", async () => {
-      // as a non-root user through sudo, the way a host with `user: lab` is driven
-      const out = await runScript({ ...host, user: "lab" }, inspectScript());
-      const h = parseInspectOutput(out.stdout, out.stderr, out.code);
-      assert.ok(h.ok, JSON.stringify(h.errors));
-      assert.match(h.podmanVersion ?? "", /^5\./);
-      assert.ok((h.systemdVersion ?? 0) >= 254);
-      assert.equal(h.generator, "/usr/lib/systemd/system-generators/podman-system-generator");
-      assert.equal(h.kvm, true);
-      assert.ok(h.diskFreeKiB["/etc"] > 0 && h.diskFreeKiB["/var/lib/containers"] > 0);
-      assert.deepEqual(
-        h.instances.map((i) => [i.name, i.namespace, i.set, i.uid, i.runtime?.active, i.exporter?.active, i.volume]),
-        [
-          ["pool-a1", "team-a", "aarch64-ssh-pool", a.uid, "active", "active", true],
-          ["pool-b1", "team-b", "aarch64-ssh-pool", b.uid, "active", "active", true],
+        const d = render(instance("team-d", "pool-d1", "dddddddd-0000-4000-8000-000000000004", {
+          params: { ...params, runtime: { kvm: true, devices: ["/dev/qsp-no-such-device"] } },
+        }));
+        // the script runs where /dev/kvm is hidden (a private mount namespace); the host itself keeps it
+        const noKvm = "unshare -m --propagation private sh -c 'touch /run/qsp-no-kvm && mount --bind /run/qsp-no-kvm " +
+          "/dev/kvm && exec sh -s'";
+        const missing = await apply(host, d, { command: noKvm });
+        assert.deepEqual(missing.errors.map((e) => e.code), ["kvm-missing", "device-missing"]);
+        assert.deepEqual(missing.started, [], "nothing is started on a host that lacks the devices");
+        assert.equal(
+          await sh(host, "systemctl is-active pool-d1-runtime.service pool-d1-exporter.service || true"),
+          "inactive\ninactive\n",
+        );
+      });
+
+      await t.step("inspect lists every managed instance with its owner, including half-deployed ones", async () => {
+        // as a non-root user through sudo, the way a host with `user: lab` is driven
+        const out = await runScript({ ...host, user: "lab" }, inspectScript());
+        const h = parseInspectOutput(out.stdout, out.stderr, out.code);
+        assert.ok(h.ok, JSON.stringify(h.errors));
+        assert.match(h.podmanVersion ?? "", podman);
+        assert.ok((h.systemdVersion ?? 0) >= 254);
+        assert.equal(h.generator, "/usr/lib/systemd/system-generators/podman-system-generator");
+        assert.equal(h.kvm, true);
+        assert.ok(h.diskFreeKiB["/etc"] > 0 && h.diskFreeKiB["/var/lib/containers"] > 0);
+        assert.deepEqual(
+          h.instances.map((i) => [i.name, i.namespace, i.set, i.uid, i.runtime?.active, i.exporter?.active, i.volume]),
           [
-            "pool-c1",
-            "team-c",
-            "aarch64-ssh-pool",
-            "cccccccc-0000-4000-8000-000000000003",
-            "inactive",
-            "inactive",
-            true,
+            ["pool-a1", "team-a", "aarch64-ssh-pool", a.uid, "active", "active", true],
+            ["pool-b1", "team-b", "aarch64-ssh-pool", b.uid, "active", "active", true],
+            [
+              "pool-c1",
+              "team-c",
+              "aarch64-ssh-pool",
+              "cccccccc-0000-4000-8000-000000000003",
+              "inactive",
+              "inactive",
+              true,
+            ],
+            [
+              "pool-d1",
+              "team-d",
+              "aarch64-ssh-pool",
+              "dddddddd-0000-4000-8000-000000000004",
+              "inactive",
+              "inactive",
+              true,
+            ],
           ],
-          [
-            "pool-d1",
-            "team-d",
-            "aarch64-ssh-pool",
-            "dddddddd-0000-4000-8000-000000000004",
-            "inactive",
-            "inactive",
-            true,
-          ],
-        ],
-      );
-      assert.deepEqual(h.instances[0].containers.map((c) => c.name).sort(), ["pool-a1-exporter", "pool-a1-runtime"]);
-      assert.equal(h.instances[0].files.length, 4, "both quadlets, the config and its mounted twin");
-      // the runtime quadlet of pool-c1 generated nothing: the unit is only known as the exporter's dependency
-      assert.equal(h.instances[2].runtime?.load, "not-found");
-    });
+        );
+        assert.deepEqual(h.instances[0].containers.map((c) => c.name).sort(), ["pool-a1-exporter", "pool-a1-runtime"]);
+        assert.equal(h.instances[0].files.length, 4, "both quadlets, the config and its mounted twin");
+        // the runtime quadlet of pool-c1 generated nothing: the unit is only known as the exporter's dependency
+        assert.equal(h.instances[2].runtime?.load, "not-found");
+      });
 
-    await t.step("remove leaves nothing behind, and removing again is fine", async () => {
-      for (const name of ["pool-a1", "pool-b1", "pool-c1", "pool-d1"]) {
-        const t0 = performance.now();
-        const out = await runScript(host, removeScript(name));
-        if (name === "pool-a1") timings.push(`remove: ${ms(performance.now() - t0)}`);
-        const report = parseRemoveOutput(out.stdout, out.stderr, out.code);
-        assert.ok(report.ok, JSON.stringify(report.errors));
-        assert.equal(report.reloaded, true);
-        assert.ok(report.removed.some((r) => r.kind === "volume"));
-      }
-      const again = await runScript(host, removeScript("pool-a1"));
-      assert.equal(again.code, 0);
-      assert.match(again.stdout, /^qsp removed nothing$/m);
-      assert.deepEqual(parseRemoveOutput(again.stdout, again.stderr, again.code).removed, []);
+      await t.step("remove leaves nothing behind, and removing again is fine", async () => {
+        for (const name of ["pool-a1", "pool-b1", "pool-c1", "pool-d1"]) {
+          const t0 = performance.now();
+          const out = await runScript(host, removeScript(name));
+          if (name === "pool-a1") timings.push(`remove: ${ms(performance.now() - t0)}`);
+          const report = parseRemoveOutput(out.stdout, out.stderr, out.code);
+          assert.ok(report.ok, JSON.stringify(report.errors));
+          assert.equal(report.reloaded, true);
+          assert.ok(report.removed.some((r) => r.kind === "volume"));
+        }
+        const again = await runScript(host, removeScript("pool-a1"));
+        assert.equal(again.code, 0);
+        assert.match(again.stdout, /^qsp removed nothing$/m);
+        assert.deepEqual(parseRemoveOutput(again.stdout, again.stderr, again.code).removed, []);
 
-      assert.equal(await sh(host, "systemctl list-units --all --no-legend 'pool-*'"), "");
-      assert.equal(await sh(host, "podman ps -a --format '{{.Names}}'"), "");
-      assert.equal(await sh(host, "podman volume ls -q"), "");
-      assert.equal(
-        await sh(
-          host,
-          "ls -A /etc/jumpstarter/exporters /etc/containers/systemd | grep -v '^users$' | grep -v '^/' | grep -v '^$' || true",
-        ),
-        "",
-      );
-      assert.equal((await sh(host, "systemctl show -p NFailedUnits --value")).trim(), "0");
-      const h = await runScript(host, inspectScript());
-      assert.deepEqual(parseInspectOutput(h.stdout, h.stderr, h.code).instances, []);
-    });
-  } finally {
-    await stopLabHosts(net);
-    console.log(timings.join("\n"));
-  }
-});
+        assert.equal(await sh(host, "systemctl list-units --all --no-legend 'pool-*'"), "");
+        assert.equal(await sh(host, "podman ps -a --format '{{.Names}}'"), "");
+        assert.equal(await sh(host, "podman volume ls -q"), "");
+        assert.equal(
+          await sh(
+            host,
+            "ls -A /etc/jumpstarter/exporters /etc/containers/systemd | grep -v '^users$' | grep -v '^/' | grep -v '^$' || true",
+          ),
+          "",
+        );
+        assert.equal((await sh(host, "systemctl show -p NFailedUnits --value")).trim(), "0");
+        const h = await runScript(host, inspectScript());
+        assert.deepEqual(parseInspectOutput(h.stdout, h.stderr, h.code).instances, []);
+      });
+    } finally {
+      await stopLabHosts(net);
+      console.log(timings.join("\n"));
+    }
+  });
+}

@@ -31,6 +31,11 @@
 #   QSP_CACHE                    cache root, default ${XDG_CACHE_HOME:-$HOME/.cache}/qemu-ssh-provisioner;
 #                                the base tarball, .debs and stand-in binary live in $QSP_CACHE/labhost
 #   SUITE=trixie  MIRROR (or DEBIAN_MIRROR)      default: the first Debian archive in this machine's apt sources
+#                                (SUITE=bookworm: Podman 4.3.1, which has no quadlet: a host the apply must refuse)
+#   LAB_PODMAN=""                a Podman 4.x version (e.g. 4.9.3) built by test/podman/build.sh that replaces the
+#                                suite's own in a new host: /usr/bin/podman, the quadlet generator at
+#                                /usr/libexec/podman/quadlet and the systemd generator link; conmon, crun and netavark
+#                                stay the suite's. A host keeps the Podman it was created with (destroy to change it).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -43,6 +48,8 @@ LAB_EXTRA_PKGS=${LAB_EXTRA_PKGS:-}
 LAB_NSPAWN_ARGS=${LAB_NSPAWN_ARGS:-}
 LAB_IMAGES=${LAB_IMAGES:-}
 LAB_BOOT_TIMEOUT=${LAB_BOOT_TIMEOUT:-90}
+LAB_PODMAN=${LAB_PODMAN:-}
+PODMAN_DIR= # where build_podman put LAB_PODMAN's binaries
 SUITE=${SUITE:-trixie}
 MIRROR=${MIRROR:-$(bash "$HERE/debian-mirror.sh")} # DEBIAN_MIRROR, else this machine's apt sources
 CACHE_DIR=${QSP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/qemu-ssh-provisioner}/labhost
@@ -184,9 +191,17 @@ build_standin() {
 # (create_host touches what it uses).
 prune_cache() { find "$CACHE_DIR" -maxdepth 1 \( -name 'base-*.tar.zst' -o -name 'standin-*' \) -mtime +14 -delete; }
 
+# test/podman/build.sh caches and locks by itself
+build_podman() {
+    [ -n "$LAB_PODMAN" ] || return 0
+    PODMAN_DIR=$(bash "$HERE/../podman/build.sh" "$LAB_PODMAN" | tail -n 1)
+    [ -x "$PODMAN_DIR/podman" ] || die "test/podman/build.sh $LAB_PODMAN gave no podman"
+}
+
 build_all() {
     locked "$CACHE_DIR/base.lock" build_base
     locked "$CACHE_DIR/standin.lock" build_standin
+    build_podman
 }
 
 # ---------------------------------------------------------------- per host
@@ -351,6 +366,8 @@ create_host() {
         zstd -q -dc "$(base_tarball)" | tar --numeric-owner --xattrs --xattrs-include='*' -C "$R" -x
         systemd-id128 new >"$R/etc/machine-id"
         ssh-keygen -q -A -f "$R" >/dev/null
+        install_podman "$R"
+        echo "$SUITE ${LAB_PODMAN:-suite}" >"$H/.variant"
         install -d -m700 "$R/root/.ssh"
         install -m600 "$KEY.pub" "$R/root/.ssh/authorized_keys"
         install -d -m700 -o 1000 -g 1000 "$R/home/lab/.ssh"
@@ -358,6 +375,9 @@ create_host() {
         touch "$H/.created"
         log "$N: rootfs created in $(since "$t0")s"
     fi
+    [ "$(cat "$H/.variant" 2>/dev/null || echo "trixie suite")" = "$SUITE ${LAB_PODMAN:-suite}" ] ||
+        die "$N was created as $(cat "$H/.variant" 2>/dev/null || echo "trixie suite") (SUITE, LAB_PODMAN), not" \
+            "$SUITE ${LAB_PODMAN:-suite}: destroy it first"
     touch "$(base_tarball)" "$(standin_binary)"
     # refreshed on every boot, so a changed stand-in reaches existing hosts too
     install_host_files "$R"
@@ -372,6 +392,18 @@ create_host() {
     *) die "LAB_KVM must be auto, bind, node or none" ;;
     esac
     locked "$KNOWN_HOSTS.lock" update_known_hosts "$IP" "$R/etc/ssh/ssh_host_ed25519_key.pub"
+}
+
+# The built Podman in place of the suite's, where Debian's package has its files; a new rootfs has no container
+# storage yet, so the older Podman never meets a newer one's database.
+install_podman() {
+    local R=$1
+    [ -n "$LAB_PODMAN" ] || return 0
+    install -m755 "$PODMAN_DIR/podman" "$R/usr/bin/podman"
+    install -D -m755 "$PODMAN_DIR/quadlet" "$R/usr/libexec/podman/quadlet"
+    mkdir -p "$R/usr/lib/systemd/system-generators"
+    ln -sfn ../../../libexec/podman/quadlet "$R/usr/lib/systemd/system-generators/podman-system-generator"
+    log "podman $LAB_PODMAN installed over $SUITE's"
 }
 
 update_known_hosts() {

@@ -34,6 +34,10 @@ export interface LabNet {
   subnet: string;
   /** Image tarballs imported under these tags at boot, in place of the stand-ins (labhost.sh's LAB_IMAGES). */
   images?: { tarball: string; tag: string }[];
+  /** A Podman 4.x version built from source in place of the suite's (labhost.sh's LAB_PODMAN), e.g. "4.9.3". */
+  podman?: string;
+  /** The Debian suite of the hosts (labhost.sh's SUITE), default trixie; "bookworm" has Podman 4.3.1, no quadlet. */
+  suite?: string;
 }
 
 export interface ExecResult {
@@ -52,6 +56,8 @@ export function labNetEnv(net: LabNet): Record<string, string> {
     LAB_BRIDGE_ADDR: `${net.subnet}.1`,
     LAB_PREFIX: "24",
     LAB_IMAGES: (net.images ?? []).map((i) => `${i.tarball}=${i.tag}`).join(" "),
+    ...(net.podman ? { LAB_PODMAN: net.podman } : {}),
+    ...(net.suite ? { SUITE: net.suite } : {}),
   };
 }
 
