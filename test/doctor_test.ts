@@ -20,7 +20,7 @@ import {
   world,
 } from "./e2e_world.ts";
 import { SshPool } from "../src/host/ssh.ts";
-import { LabHosts } from "../src/host/lab.ts";
+import { applyForFacts, LabHosts } from "../src/host/lab.ts";
 import { renderInstance } from "../src/host/render.ts";
 import { seedInstance } from "./fixtures.ts";
 import { fingerprint } from "../src/host/known_hosts.ts";
@@ -251,7 +251,7 @@ Deno.test({
   async fn() {
     const [h] = (await testEnv()).labhosts;
     const name = "podman-floor-x1";
-    const rendered = renderInstance(seedInstance({ name, uid: crypto.randomUUID(), namespace: "podman-floor" }));
+    const inst = seedInstance({ name, uid: crypto.randomUUID(), namespace: "podman-floor" });
     const rtQuadlet = `/etc/containers/systemd/${name}-runtime.container`;
     const pool = new SshPool({});
     const target = await directTarget(h);
@@ -272,7 +272,14 @@ Deno.test({
         ] as const
       ) {
         await fakePodmanVersion(h, version);
-        const apply = await new LabHosts(pool).apply(target, rendered, { kvmRequired: false, keepExited: false });
+        const opts = { kvmRequired: false, keepExited: false };
+        const { outcome: apply } = await applyForFacts(
+          new LabHosts(pool),
+          target,
+          (f) => renderInstance(inst, f),
+          undefined,
+          opts,
+        );
         const d = await doctor(direct(h));
         const podmanLine = d.check("podman")[0];
         table.push(`${version.padEnd(10)} doctor: ${podmanLine.slice(0, 60)}... | apply: ${apply.errors[0]}`);

@@ -17,6 +17,7 @@ import {
 import { drift } from "./drift.ts";
 import type { InstanceParams } from "./instance_params.ts";
 import { type Instance, type RenderedInstance, renderInstance } from "./render.ts";
+import { factsWire } from "./host_facts.ts";
 import {
   type ApplyReport,
   applyScript,
@@ -130,11 +131,18 @@ Deno.test({
     const [host] = await startLabHosts(net, 1);
     const a = instance("team-a", "pool-a1", "aaaaaaaa-0000-4000-8000-000000000001");
     const b = instance("team-b", "pool-b1", "bbbbbbbb-0000-4000-8000-000000000002");
+    // first contact: files rendered for no host's facts are refused before anything is written, with the host's facts
+    const first = await apply(host, renderInstance(a));
+    assert.deepEqual(first.errors.map((e) => e.code), ["facts-changed"], JSON.stringify(first.errors));
+    assert.deepEqual(first.changed, []);
+    const facts = first.facts!;
+    assert.match(factsWire(facts), /^podman=5\.[0-9.]+ kvm=[0-7]+:[0-9]+$/);
+    const render = (i: Instance) => renderInstance(i, facts);
 
     await t.step("two instances on one host come up healthy, each in its own network namespace", async () => {
       for (const inst of [a, b]) {
         const t0 = performance.now();
-        const report = await apply(host, renderInstance(inst));
+        const report = await apply(host, render(inst));
         timings.push(`apply cold ${inst.name}: ${ms(performance.now() - t0)}`);
         assertApplied(report);
         assert.equal(report.changed.length, 4, JSON.stringify(report.changed));
@@ -185,7 +193,7 @@ Deno.test({
           "65532:65532 700\n65532:65532 600\n",
         );
         const broken = (name: string, uid: string, edit: (r: RenderedInstance) => void) => {
-          const r = renderInstance(instance("team-c", name, uid));
+          const r = render(instance("team-c", name, uid));
           edit(r);
           return r;
         };
@@ -227,7 +235,7 @@ Deno.test({
     await t.step("applying again changes nothing and restarts nothing", async () => {
       const before = await started(host, "pool-a1-runtime pool-a1-exporter");
       const t0 = performance.now();
-      const report = await apply(host, renderInstance(a));
+      const report = await apply(host, render(a));
       timings.push(`apply no-op: ${ms(performance.now() - t0)}`);
       assertApplied(report);
       assert.deepEqual(
@@ -241,7 +249,7 @@ Deno.test({
       const before = await started(host, "pool-a1-runtime pool-a1-exporter");
       const reloadsBefore = count(await journal(host, "pool-a1-exporter"), /SIGHUP, reloaded/);
       const rotated = { ...a, token: "eyJ.token-two-pool-a1" };
-      const report = await apply(host, renderInstance(rotated));
+      const report = await apply(host, render(rotated));
       assertApplied(report);
       assert.deepEqual(report.changed, [
         "/etc/jumpstarter/exporters/pool-a1.d/pool-a1.yaml",
@@ -258,7 +266,7 @@ Deno.test({
       );
       assert.equal(await started(host, "pool-a1-runtime pool-a1-exporter"), before);
       // and a second apply with that token is a no-op again
-      const again = await apply(host, renderInstance(rotated));
+      const again = await apply(host, render(rotated));
       assert.deepEqual([again.changed, again.hupped], [[], []]);
       Object.assign(a, rotated);
     });
@@ -267,7 +275,7 @@ Deno.test({
       const before = await started(host, "pool-a1-runtime pool-a1-exporter");
       const inspected = async () => {
         const out = await runScript(host, inspectScript());
-        return drift(renderInstance(a), parseInspectOutput(out.stdout, out.stderr, out.code).instances[0]);
+        return drift(render(a), parseInspectOutput(out.stdout, out.stderr, out.code).instances[0]);
       };
       assert.deepEqual(await inspected(), [], "the resync check's inspection agrees with the apply: no drift");
       await sh(host, "rm /etc/containers/systemd/pool-a1-runtime.container /etc/jumpstarter/exporters/pool-a1.yaml");
@@ -275,7 +283,7 @@ Deno.test({
         "/etc/jumpstarter/exporters/pool-a1.yaml is missing",
         "/etc/containers/systemd/pool-a1-runtime.container is missing",
       ]);
-      const report = await apply(host, renderInstance(a));
+      const report = await apply(host, render(a));
       assertApplied(report);
       assert.deepEqual(await inspected(), []);
       assert.deepEqual(report.changed, [
@@ -305,7 +313,7 @@ Deno.test({
           images: { ...params.images, runtime: { ...params.images.runtime, pullPolicy: "Never" as const } },
         };
         const units = ["pool-a1-runtime.service", "pool-a1-exporter.service"];
-        const deferred = await apply(host, renderInstance({ ...a, params: neverPull }), { deferRestart: true });
+        const deferred = await apply(host, render({ ...a, params: neverPull }), { deferRestart: true });
         assertApplied(deferred);
         assert.deepEqual([deferred.changed, deferred.restarted, deferred.pending], [
           ["/etc/containers/systemd/pool-a1-runtime.container"],
@@ -314,14 +322,14 @@ Deno.test({
         ]);
         // systemd has the new definition loaded now: only the host's own record says the restart is still owed
         const rotated = { ...a, params: neverPull, token: "eyJ.token-three-pool-a1" };
-        const again = await apply(host, renderInstance(rotated), { deferRestart: true });
+        const again = await apply(host, render(rotated), { deferRestart: true });
         assert.deepEqual([again.restarted, again.hupped, again.pending], [[], ["pool-a1-exporter.service"], units]);
         assert.equal(await started(host, both), before, "nothing restarted under the lease");
-        const after = await apply(host, renderInstance(rotated));
+        const after = await apply(host, render(rotated));
         assertApplied(after);
         assert.deepEqual([after.changed, after.restarted, after.pending], [[], units, []]);
         assert.notEqual(await started(host, both), before);
-        const settled = await apply(host, renderInstance(rotated));
+        const settled = await apply(host, render(rotated));
         assert.deepEqual([settled.restarted, settled.pending], [[], []], "restarted once, not on every apply");
         Object.assign(a, rotated);
       },
@@ -334,7 +342,7 @@ Deno.test({
         ...params,
         images: { ...params.images, runtime: { ...params.images.runtime, pullPolicy: "Never" as const } },
       };
-      const report = await apply(host, renderInstance({ ...b, params: neverPull }));
+      const report = await apply(host, render({ ...b, params: neverPull }));
       assertApplied(report);
       assert.deepEqual(report.changed, ["/etc/containers/systemd/pool-b1-runtime.container"]);
       assert.deepEqual(report.restarted, ["pool-b1-runtime.service", "pool-b1-exporter.service"]);
@@ -344,7 +352,7 @@ Deno.test({
       const rtNow = await started(host, "pool-b1-runtime");
       const exBefore = await started(host, "pool-b1-exporter");
       // (the exporter's image is in the runtime quadlet too: the runtime's launcher is staged from it)
-      const report2 = await apply(host, renderInstance({ ...b, params: neverPull, exitOnLeaseEnd: !b.exitOnLeaseEnd }));
+      const report2 = await apply(host, render({ ...b, params: neverPull, exitOnLeaseEnd: !b.exitOnLeaseEnd }));
       assertApplied(report2);
       assert.deepEqual(report2.restarted, ["pool-b1-exporter.service"]);
       assert.equal(await started(host, "pool-b1-runtime"), rtNow);
@@ -359,7 +367,7 @@ Deno.test({
       await pollUntil("exporter exit", async () => {
         return (await hostExec(host, "systemctl is-active pool-a1-exporter.service")).stdout.trim() === "inactive";
       });
-      const kept = await apply(host, renderInstance(a), { keepExited: true });
+      const kept = await apply(host, render(a), { keepExited: true });
       assert.ok(kept.ok, JSON.stringify(kept.errors));
       assert.deepEqual([kept.exited, kept.started, kept.restarted], [["pool-a1-exporter.service"], [], []]);
       assert.equal(kept.states["pool-a1-exporter.service"].active, "inactive");
@@ -368,7 +376,7 @@ Deno.test({
 
       // InPlaceReuse (or an exporter the controller keeps): the apply brings it back
       const healthy = count(await journal(host, "pool-a1-exporter"), HEALTHY);
-      const back = await apply(host, renderInstance(a));
+      const back = await apply(host, render(a));
       assertApplied(back);
       assert.deepEqual([back.exited, back.started], [[], ["pool-a1-exporter.service"]]);
       await waitHealthy(host, "pool-a1", healthy);
@@ -378,7 +386,7 @@ Deno.test({
       const files = "/etc/containers/systemd/pool-a1-*.container /etc/jumpstarter/exporters/pool-a1.yaml";
       const sums = await sh(host, `sha256sum ${files}`);
       const intruder = instance("team-z", "pool-a1", "zzzzzzzz-0000-4000-8000-000000000009");
-      const conflict = await apply(host, renderInstance(intruder));
+      const conflict = await apply(host, render(intruder));
       assert.equal(conflict.ok, false);
       assert.deepEqual(new Set(conflict.errors.map((e) => e.code)), new Set(["owner-conflict"]));
       assert.match(conflict.errors[0].message, /uid=aaaaaaaa-0000-4000-8000-000000000001, not uid=zzzzzzzz-/);
@@ -393,7 +401,7 @@ Deno.test({
       );
 
       // a key podman does not know makes quadlet skip the file: the service silently does not exist
-      const c = renderInstance(instance("team-c", "pool-c1", "cccccccc-0000-4000-8000-000000000003"));
+      const c = render(instance("team-c", "pool-c1", "cccccccc-0000-4000-8000-000000000003"));
       const rt = c.files.find((f) => f.path.endsWith("-runtime.container"))!;
       rt.content = rt.content.replace("[Container]\n", "[Container]\nNoSuchKey=1\n");
       const bad = await apply(host, c);
@@ -402,9 +410,13 @@ Deno.test({
       assert.equal(bad.errors[0].code, "unit-missing");
       assert.match(bad.errors[0].message, /pool-c1-runtime\.service: .*NoSuchKey/);
 
-      const d = renderInstance(instance("team-d", "pool-d1", "dddddddd-0000-4000-8000-000000000004", {
-        params: { ...params, runtime: { kvm: true, devices: ["/dev/qsp-no-such-device"] } },
-      }));
+      // rendered for the host as the script will find it: without /dev/kvm
+      const d = renderInstance(
+        instance("team-d", "pool-d1", "dddddddd-0000-4000-8000-000000000004", {
+          params: { ...params, runtime: { kvm: true, devices: ["/dev/qsp-no-such-device"] } },
+        }),
+        { ...facts, kvm: null },
+      );
       // the script runs where /dev/kvm is hidden (a private mount namespace); the host itself keeps it
       const noKvm = "unshare -m --propagation private sh -c 'touch /run/qsp-no-kvm && mount --bind /run/qsp-no-kvm " +
         "/dev/kvm && exec sh -s'";
@@ -422,10 +434,9 @@ Deno.test({
       const out = await runScript({ ...host, user: "lab" }, inspectScript());
       const h = parseInspectOutput(out.stdout, out.stderr, out.code);
       assert.ok(h.ok, JSON.stringify(h.errors));
-      assert.match(h.podmanVersion ?? "", /^5\./);
+      assert.deepEqual(h.facts, facts);
       assert.ok((h.systemdVersion ?? 0) >= 254);
       assert.equal(h.generator, "/usr/lib/systemd/system-generators/podman-system-generator");
-      assert.equal(h.kvm, true);
       assert.ok(h.diskFreeKiB["/etc"] > 0 && h.diskFreeKiB["/var/lib/containers"] > 0);
       assert.deepEqual(
         h.instances.map((i) => [i.name, i.namespace, i.set, i.uid, i.runtime?.active, i.exporter?.active, i.volume]),

@@ -235,6 +235,33 @@ Deno.test("quadlets: ownership, images, shared volume and netns, kvm to both, at
   assert.match(fileOf(noKvm, "-runtime.container").content, /^Pull=newer$/m, "the seed's :latest, no policy stated");
 });
 
+Deno.test("kvm: the exporter gets /dev/kvm's group by number where the node is its group's, nowhere else", () => {
+  const kvmInst = (kvm: boolean) => ({ ...seedInstance(), params: { ...seedParams, runtime: { kvm, devices: [] } } });
+  const groupAdds = (r: ReturnType<typeof renderInstance>, role: string) =>
+    fileOf(r, `-${role}.container`).content.split("\n").filter((l) => /group-add|GroupAdd/.test(l));
+  const facts = (kvm: { mode: number; gid: number } | null) => ({ podman: "5.4.2", kvm });
+
+  const debian = renderInstance(kvmInst(true), facts({ mode: 0o660, gid: 993 }));
+  assert.deepEqual(groupAdds(debian, "exporter"), ["PodmanArgs=--group-add 993"]);
+  assert.deepEqual(groupAdds(debian, "runtime"), [], "the runtime is root");
+  assert.deepEqual(debian.facts, facts({ mode: 0o660, gid: 993 }), "the facts it was rendered for go along");
+  const ex = fileOf(debian, "-exporter.container").content;
+  assert.ok(ex.indexOf("AddDevice=-/dev/kvm") < ex.indexOf("PodmanArgs="), "the device stays");
+
+  for (
+    const [what, r] of [
+      ["0666 (Fedora/RHEL)", renderInstance(kvmInst(true), facts({ mode: 0o666, gid: 36 }))],
+      ["0600: refused by the apply instead", renderInstance(kvmInst(true), facts({ mode: 0o600, gid: 0 }))],
+      ["no /dev/kvm", renderInstance(kvmInst(true), facts(null))],
+      ["runtime.kvm: false", renderInstance(kvmInst(false), facts({ mode: 0o660, gid: 993 }))],
+      ["facts not known yet", renderInstance(kvmInst(true))],
+    ] as const
+  ) {
+    assert.deepEqual([...groupAdds(r, "exporter"), ...groupAdds(r, "runtime")], [], what);
+  }
+  assert.equal(renderInstance(kvmInst(true)).facts, undefined);
+});
+
 Deno.test("ExitAndReplace: an exporter that ends cleanly stays down; InPlaceReuse: it always comes back", () => {
   const replace = renderInstance(seedInstance({ exitOnLeaseEnd: true }));
   assert.match(fileOf(replace, "-exporter.container").content, /^Restart=on-failure$/m);
