@@ -167,7 +167,7 @@ Deno.test({
       assert.equal(r.code, 0, r.text);
       assert.ok(r.lines.filter((l) => /^[✓!✗] /.test(l)).every((l) => l.startsWith("✓ ")), r.text);
       assert.match(r.check("credentials")[0], /Secret .*\/lab-ssh-key: ssh-ed25519 SHA256:.*hostKeyPolicy Strict/);
-      assert.match(r.check("kvm")[0], /^✓ .*\/dev\/kvm present/);
+      assert.match(r.check("kvm")[0], /^✓ .*\/dev\/kvm present \(mode 0660, gid [1-9][0-9]*\): its group is added/);
       assert.match(
         r.lines.at(-1)!,
         new RegExp(`root@${escape(SEED_HOST)}:22 \\(via ${escape(h.address)}\\) is ready`),

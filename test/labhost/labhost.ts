@@ -34,6 +34,8 @@ export interface LabNet {
   subnet: string;
   /** Image tarballs imported under these tags at boot, in place of the stand-ins (labhost.sh's LAB_IMAGES). */
   images?: { tarball: string; tag: string }[];
+  /** The mode of each host's own /dev/kvm node, root:kvm (LAB_KVM_MODE): "0660" (the default) or "0666", say. */
+  kvmMode?: string;
 }
 
 export interface ExecResult {
@@ -52,6 +54,7 @@ export function labNetEnv(net: LabNet): Record<string, string> {
     LAB_BRIDGE_ADDR: `${net.subnet}.1`,
     LAB_PREFIX: "24",
     LAB_IMAGES: (net.images ?? []).map((i) => `${i.tarball}=${i.tag}`).join(" "),
+    ...(net.kvmMode ? { LAB_KVM_MODE: net.kvmMode } : {}),
   };
 }
 
