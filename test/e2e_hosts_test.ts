@@ -31,6 +31,7 @@ import {
 import { EXPORTER_SETS, EXPORTERS } from "../src/kube/resources.ts";
 import type { Exporter, ExporterSet } from "../src/api/types.ts";
 import { renderInstance } from "../src/host/render.ts";
+import { applyForFacts } from "../src/host/lab.ts";
 import { resolveParams } from "../src/provision/params.ts";
 import type { LabTarget } from "../src/provision/credentials.ts";
 import { HOST_ANNOTATION } from "../src/provision/marks.ts";
@@ -93,8 +94,9 @@ Deno.test({
       const ghost = instance(w, w.ns, `ghost-${crypto.randomUUID().slice(0, 6)}`);
       let t0 = performance.now();
       for (const i of [ghost, foreign]) {
-        const r = await w.hosts.apply(target, renderInstance(i), { kvmRequired: false, keepExited: false });
-        assert.deepEqual(r.errors, []);
+        const opts = { kvmRequired: false, keepExited: false };
+        const r = await applyForFacts(w.hosts, target, (f) => renderInstance(i, f), undefined, opts);
+        assert.deepEqual(r.outcome.errors, []);
       }
       console.log(`  two instances applied directly in ${seconds(t0)}`);
       t0 = performance.now();

@@ -10,10 +10,21 @@ import { seedInstance } from "./fixtures.ts";
 import { directTarget } from "./e2e_world.ts";
 import { renderInstance } from "../src/host/render.ts";
 import { LabHosts } from "../src/host/lab.ts";
-import { SshError, SshPool } from "../src/host/ssh.ts";
+import { SshError, SshPool, type SshTarget } from "../src/host/ssh.ts";
+import type { HostFacts } from "../src/host/host_facts.ts";
 
-const instance = (name: string) =>
-  renderInstance(seedInstance({ name, uid: crypto.randomUUID(), token: `token-${crypto.randomUUID()}` }));
+const instance = (name: string, facts: HostFacts | undefined) =>
+  renderInstance(seedInstance({ name, uid: crypto.randomUUID(), token: `token-${crypto.randomUUID()}` }), facts);
+
+/** The host's facts, to render for: over a connection of its own, so the counts below start from nothing. */
+async function factsOf(t: SshTarget): Promise<HostFacts | undefined> {
+  const pool = new SshPool();
+  try {
+    return (await new LabHosts(pool).inspect(t)).facts;
+  } finally {
+    await pool.close();
+  }
+}
 
 async function sh(host: LabHost, cmd: string): Promise<string> {
   const r = await hostExec(host, cmd);
@@ -30,8 +41,9 @@ Deno.test({
     const pool = new SshPool();
     const lab = new LabHosts(pool);
     const t = await directTarget(host);
-    const a = instance("lab-count-a");
-    const b = instance("lab-count-b");
+    const facts = await factsOf(t);
+    const a = instance("lab-count-a", facts);
+    const b = instance("lab-count-b", facts);
     try {
       const before = pool.stats();
       const [ra, rb] = await Promise.all([a, b].map((r) => lab.apply(t, r, { kvmRequired: true, keepExited: true })));
@@ -75,7 +87,8 @@ Deno.test({
     const pool = new SshPool({ connectTimeoutMs: 3_000, backoffBaseMs: 200, backoffMaxMs: 1_000 });
     const lab = new LabHosts(pool);
     const t = await directTarget(host);
-    const r = instance("lab-reboot");
+    const facts = await factsOf(t);
+    const r = instance("lab-reboot", facts);
     try {
       assert.ok((await lab.apply(t, r, { kvmRequired: true, keepExited: true })).ready);
       const bootId = await sh(host, "cat /proc/sys/kernel/random/boot_id; systemctl reboot >/dev/null 2>&1 &");
@@ -95,7 +108,7 @@ Deno.test({
       const started = Date.now();
       const failed = await waitFor(async () => {
         try {
-          await lab.apply(t, instance("lab-reboot-2"), { kvmRequired: true, keepExited: true });
+          await lab.apply(t, instance("lab-reboot-2", facts), { kvmRequired: true, keepExited: true });
           return undefined;
         } catch (e) {
           return e;

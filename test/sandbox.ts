@@ -1,11 +1,13 @@
 /**
- * `deno task sandbox up [--hosts N] [--jumpstarter fake|real] [--podman 4.9.3] | down | status | demo | show | scale N | lease`: a local
- * world to run the provisioner in.
+ * `deno task sandbox up [--hosts N] [--jumpstarter fake|real] [--kvm-mode 0660|0666] [--podman 4.9.3] | down |
+ * status | demo | show | scale N | lease`: a local world to run the provisioner in.
  *
  * up:     a real control plane (CRDs installed), N real lab hosts, and what issues exporter credentials: the
  *         FakeJumpstarterController (--jumpstarter fake, the default), or the real Jumpstarter controller and router
  *         with the real exporter image on the lab hosts (--jumpstarter real; .sandbox/env then also has JMP and
  *         JMP_CLIENT_CONFIG for `jmp shell`); writes .sandbox/kubeconfig, .sandbox/env and .sandbox/labhosts.json.
+ *         Each lab host has a /dev/kvm node of its own, 0660 root:kvm as Debian and Ubuntu ship it, or --kvm-mode's
+ *         (0666 as Fedora and RHEL ship it), applied when a host boots.
  *         --podman VERSION: the lab hosts run that Podman 4.x, built from source, instead of Debian's 5.4 (a host
  *         keeps the Podman it was created with: `down` first to change it).
  * demo:   up with one host, then the feature description's examples exactly as written (Secret, VirtualTargetClass,
@@ -52,6 +54,7 @@ const { positionals, values } = parseArgs({
     hosts: { type: "string", default: "1" },
     kubeconfig: { type: "string" },
     jumpstarter: { type: "string", default: "fake" },
+    "kvm-mode": { type: "string", default: "0660" },
     podman: { type: "string" },
   },
 });
@@ -111,7 +114,7 @@ async function up(hosts: number): Promise<LabHost[]> {
     return await KubeClient.load(kubeconfig);
   })();
   const images = REAL ? [{ tarball: await builtPath(`${ROOT}test/jumpstarter/image.sh`), tag: EXPORTER_IMAGE }] : [];
-  const labhosts = await startLabHosts({ ...LAB, images, podman: values.podman }, hosts);
+  const labhosts = await startLabHosts({ ...LAB, images, kvmMode: values["kvm-mode"], podman: values.podman }, hosts);
   await Deno.writeTextFile(`${DIR}/labhosts.json`, JSON.stringify(labhosts, null, 2) + "\n");
   let env = `KUBECONFIG=${kubeconfig}\nLABHOSTS=${DIR}/labhosts.json\n`;
   const issuer = REAL ? "real-jumpstarter" : "fake-jumpstarter";

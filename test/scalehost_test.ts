@@ -33,6 +33,7 @@ Deno.test({
       const [host] = await startScaleHosts(1);
       const target = await directTarget(host);
       const lab = new LabHosts(pool);
+      const { facts } = await lab.inspect(target);
       const r = renderInstance({
         namespace: "scale",
         name: "fake-a1",
@@ -44,7 +45,7 @@ Deno.test({
         endpoint: "grpc.jumpstarter.example:443",
         token: "fake-jwt.scale",
         caBundle: "",
-      });
+      }, facts);
       const applied = await lab.apply(target, r, { kvmRequired: true, keepExited: true });
       assert.deepEqual([applied.errors, applied.ready], [[], true]);
       const found = async () => (await lab.inspect(target)).instances.find((i) => i.name === r.name);

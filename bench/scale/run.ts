@@ -15,7 +15,7 @@ import {
   uptime,
 } from "../../test/scalehost/scalehost.ts";
 import type { Cluster } from "../cluster.ts";
-import { renderFleet, seedFor } from "../fleet.ts";
+import { labFacts, renderFleet, seedFor } from "../fleet.ts";
 import { total } from "../prom.ts";
 import { percentile } from "../stats.ts";
 import { type FloorResult, measureFloor } from "./floor.ts";
@@ -156,7 +156,7 @@ export async function runSize(o: RunOptions): Promise<SizeResult> {
       connectionsDuringPhases: 0,
       clientCpu: { deploy: NaN, teardown: NaN },
     }
-    : await measureFloor(renderFleet(floorSeed, fleet));
+    : await measureFloor(renderFleet(floorSeed, fleet, await labFacts(floorSeed.sets[0].host)));
   const afterFloor = await leftovers();
   if (afterFloor.length) throw new Error(`floor left instances: ${afterFloor.slice(0, 5).join("; ")}`);
   log(

@@ -21,7 +21,8 @@ import { LabHosts } from "../host/lab.ts";
 import { netAddress, parseHostAliases } from "../host/lab_hosts.ts";
 import { type HostInspection, podmanTooOld, shellCommand, shQuote } from "../host/remote.ts";
 import { MIN_PODMAN, networkFormText } from "../host/quadlet_dialect.ts";
-import { dialectOf } from "../host/render.ts";
+import { kvmAccess, octalMode } from "../host/host_facts.ts";
+import { dialectOf, EXPORTER_UID } from "../host/render.ts";
 import { consoleIo, type Io, parseFlags } from "./render.ts";
 
 export const DOCTOR_USAGE = `usage: qemu-ssh-provisioner doctor --host HOST [--port 22] [--user root] --key PATH
@@ -572,7 +573,7 @@ function reportInspection(s: Subject, h: HostInspection, probe: string[][], repo
     report.add("fail", "systemd", "not found", "quadlets need systemd as the host's init system");
   } else report.add("ok", "systemd", `systemd ${h.systemdVersion}`);
 
-  const podman = h.podmanVersion;
+  const podman = h.facts?.podman || undefined;
   const old = podman === undefined ? undefined : podmanTooOld(podman);
   if (!podman) report.add("fail", "podman", "not installed", `install podman >= ${QUADLET_PODMAN}`);
   else if (old) {
@@ -588,14 +589,14 @@ function reportInspection(s: Subject, h: HostInspection, probe: string[][], repo
       "warn",
       "podman",
       `podman ${podman}: not a version number; run deploys as for the newest Podman (exporter in ` +
-        `${networkFormText(dialectOf({ podman }))}), and needs >= 5.3 for that`,
+        `${networkFormText(dialectOf(podman))}), and needs >= 5.3 for that`,
       "make sure this podman's quadlet understands Network=<name>.container",
     );
   } else {
     report.add(
       "ok",
       "podman",
-      `podman ${podman}: exporter in the runtime's network by ${networkFormText(dialectOf({ podman }))}`,
+      `podman ${podman}: exporter in the runtime's network by ${networkFormText(dialectOf(podman))}`,
     );
   }
   if (h.generator) report.add("ok", "quadlet", `generator ${h.generator}`);
@@ -608,8 +609,18 @@ function reportInspection(s: Subject, h: HostInspection, probe: string[][], repo
     );
   }
 
-  if (h.kvm) report.add("ok", "kvm", "/dev/kvm present");
-  else if (s.kvm === undefined) {
+  const kvm = h.facts?.kvm ?? null;
+  const access = kvmAccess(kvm);
+  if (kvm && access.kind === "denied") {
+    const mode = `/dev/kvm is mode ${octalMode(kvm.mode)} (gid ${kvm.gid})`;
+    const fix = "make it 0660 root:kvm (udev rule; Debian/Ubuntu's default) or 0666 (Fedora/RHEL's default)";
+    if (s.kvm) {
+      report.add("fail", "kvm", `${mode}: the exporter (uid ${EXPORTER_UID}) cannot open it (KvmDenied)`, fix);
+    } else report.add("warn", "kvm", `${mode}: classes with runtime.kvm: true are refused here (KvmDenied)`, fix);
+  } else if (kvm) {
+    const how = access.kind === "group" ? "its group is added to the exporter" : "open to all";
+    report.add("ok", "kvm", `/dev/kvm present (mode ${octalMode(kvm.mode)}, gid ${kvm.gid}): ${how}`);
+  } else if (s.kvm === undefined) {
     report.add("warn", "kvm", "/dev/kvm missing: classes with runtime.kvm: true cannot run here");
   } else if (s.kvm) {
     report.add(

@@ -6,6 +6,7 @@ import { type ApplyOutcome, type HostApplyOptions, type HostOps, HostScriptError
 import { OWNER_PREFIX, type RenderedInstance } from "./render.ts";
 import { modeOf } from "./drift.ts";
 import { type HostInspection, type InspectedInstance, sha256 } from "./remote.ts";
+import { factsWire, type HostFacts } from "./host_facts.ts";
 import { SshError, type SshTarget } from "./ssh.ts";
 
 export interface FakeInstance {
@@ -29,6 +30,11 @@ export class FakeHosts implements HostOps {
   readonly keys = new Map<string, string>();
   /** By host, what inspect finds besides the instances: leftovers that have no files of ours, e.g. a bare volume. */
   readonly strays = new Map<string, InspectedInstance[]>();
+  /**
+   * By host, its facts: an apply of files rendered for others is refused (facts-changed) as the apply script does.
+   * A host not listed takes files rendered for any facts and reports none.
+   */
+  readonly facts = new Map<string, HostFacts>();
 
   instance(host: string, name: string): FakeInstance | undefined {
     return this.hosts.get(host)?.get(name);
@@ -45,6 +51,24 @@ export class FakeHosts implements HostOps {
     opts: HostApplyOptions,
   ): Promise<ApplyOutcome> {
     this.reach(target, `apply ${target.host} ${r.name}`);
+    const facts = this.facts.get(target.host);
+    if (facts && factsWire(facts) !== factsWire(r.facts)) {
+      const message = `facts-changed: this host is ${factsWire(facts)}; the files were rendered for ${
+        factsWire(r.facts)
+      }`;
+      return Promise.resolve({
+        changed: [],
+        ready: false,
+        exited: false,
+        restartPending: false,
+        startedExporter: false,
+        exporterRestarts: 0,
+        journal: [],
+        errors: [message],
+        errorCode: "facts-changed",
+        facts,
+      });
+    }
     const host = this.on(target.host);
     const before = host.get(r.name);
     this.checkOwner(target, before, r.uid);
@@ -73,6 +97,7 @@ export class FakeHosts implements HostOps {
       exporterRestarts: 0,
       journal: ready ? [] : ["exporter exited"],
       errors: [],
+      ...(facts ? { facts } : {}),
     });
   }
 
@@ -86,7 +111,8 @@ export class FakeHosts implements HostOps {
   inspect(target: SshTarget): Promise<HostInspection> {
     this.reach(target, `inspect ${target.host}`);
     const instances = [...[...this.on(target.host).values()].map(inspected), ...this.strays.get(target.host) ?? []];
-    return Promise.resolve({ ok: true, kvm: true, diskFreeKiB: {}, instances, errors: [] });
+    const facts = this.facts.get(target.host);
+    return Promise.resolve({ ok: true, ...(facts ? { facts } : {}), diskFreeKiB: {}, instances, errors: [] });
   }
 
   private on(host: string): Map<string, FakeInstance> {

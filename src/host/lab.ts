@@ -3,6 +3,7 @@
  * (remote.ts builds the scripts and parses their output; ssh.ts carries them).
  */
 import type { RenderedInstance } from "./render.ts";
+import type { HostFacts } from "./host_facts.ts";
 import {
   type ApplyOptions,
   applyScript,
@@ -36,6 +37,8 @@ export interface ApplyOutcome {
   errors: string[];
   /** The first error's code, e.g. "kvm-missing". */
   errorCode?: string;
+  /** The host's facts as the apply found them; absent if it stopped before (a missing tool, a lost connection). */
+  facts?: HostFacts;
 }
 
 export type HostApplyOptions =
@@ -119,6 +122,7 @@ export class LabHosts implements HostOps {
       journal: report.journal,
       errors: report.errors.map((e) => `${e.code}: ${e.message}`),
       errorCode: report.errors[0]?.code,
+      facts: report.facts,
     };
   }
 
@@ -131,6 +135,29 @@ export class LabHosts implements HostOps {
     const res = await this.run(target, inspectScript());
     return failUnlessOk(target, parseInspectOutput(res.stdout, res.stderr, res.code));
   }
+}
+
+/**
+ * Applies an instance rendered for its host's facts: first for `known`, the facts last seen there (undefined on first
+ * contact). When the host's apply script finds other facts it refuses before writing anything, and the instance is
+ * rendered for the facts it reported and applied again at once: one round trip while nothing changes, two when
+ * something did. Returns what was applied last and what the host said.
+ */
+export async function applyForFacts(
+  hosts: HostOps,
+  target: SshTarget,
+  render: (facts: HostFacts | undefined) => RenderedInstance,
+  known: HostFacts | undefined,
+  opts: HostApplyOptions,
+): Promise<{ rendered: RenderedInstance; outcome: ApplyOutcome }> {
+  let rendered = render(known);
+  let outcome = await hosts.apply(target, rendered, opts);
+  const onlyFacts = outcome.errors.length > 0 && outcome.errors.every((e) => e.startsWith("facts-changed:"));
+  if (onlyFacts && outcome.facts) {
+    rendered = render(outcome.facts);
+    outcome = await hosts.apply(target, rendered, opts);
+  }
+  return { rendered, outcome };
 }
 
 function failUnlessOk<R extends { ok: boolean; errors: ScriptError[] }>(target: SshTarget, report: R): R {

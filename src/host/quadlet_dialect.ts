@@ -5,7 +5,8 @@
  *        Environment, Exec, Network, PodmanArgs)
  *   4.6  `Pull=`, and `AddDevice=-PATH` for a device that may be missing (before, the `-` reaches podman as part of
  *        the path)
- *   5.1  `GroupAdd=` (an older quadlet rejects the whole unit for an unknown key)
+ *   5.1  `GroupAdd=`, so the exporter's kvm group goes in `PodmanArgs=` (an older quadlet rejects the whole unit for
+ *        an unknown key)
  *   5.3  `Network=<name>.container`, the network namespace of the container another quadlet runs (podman commit
  *        71fd157); older ones pass the text to podman as a network name, and the exporter fails at start
  */
@@ -23,25 +24,13 @@ export interface QuadletDialect {
   pullKey: boolean;
   /** `AddDevice=-PATH`; without it an optional device can only be required. */
   optionalDevice: boolean;
-  /** `GroupAdd=`; without it, `PodmanArgs=--group-add=<gid>`. */
-  groupAddKey: boolean;
 }
 
 /** The newest dialect: for a Podman whose version is not a number (a development build) or not known. */
-export const NEWEST_DIALECT: QuadletDialect = {
-  network: "unit",
-  pullKey: true,
-  optionalDevice: true,
-  groupAddKey: true,
-};
+export const NEWEST_DIALECT: QuadletDialect = { network: "unit", pullKey: true, optionalDevice: true };
 
 /** The dialect of MIN_PODMAN, the oldest quadlet. */
-export const OLDEST_DIALECT: QuadletDialect = {
-  network: "container",
-  pullKey: false,
-  optionalDevice: false,
-  groupAddKey: false,
-};
+export const OLDEST_DIALECT: QuadletDialect = { network: "container", pullKey: false, optionalDevice: false };
 
 /** `[major, minor]` of a `podman --version` number (`4.9.3`, `5.3.0-rc1`, `4.3.1+ds1-8`); undefined if none. */
 export function podmanVersionParts(version: string): [number, number] | undefined {
@@ -64,7 +53,6 @@ export function quadletDialect(version: string): QuadletDialect | "too-old" {
     network: atLeast(v, [5, 3]) ? "unit" : "container",
     pullKey: atLeast(v, [4, 6]),
     optionalDevice: atLeast(v, [4, 6]),
-    groupAddKey: atLeast(v, [5, 1]),
   };
 }
 

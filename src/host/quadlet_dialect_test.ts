@@ -9,11 +9,10 @@ Deno.test("quadletDialect: each key and form from the release whose quadlet has 
     ["4.4.0-rc1", OLDEST_DIALECT],
     ["4.4.1", OLDEST_DIALECT], // RHEL 9.2
     ["4.5.1", OLDEST_DIALECT],
-    ["4.6.1", { network: "container", pullKey: true, optionalDevice: true, groupAddKey: false }], // RHEL 9.3
-    ["4.9.3", { network: "container", pullKey: true, optionalDevice: true, groupAddKey: false }], // Ubuntu 24.04
-    ["5.0.3", { network: "container", pullKey: true, optionalDevice: true, groupAddKey: false }],
-    ["5.1.0", { network: "container", pullKey: true, optionalDevice: true, groupAddKey: true }],
-    ["5.2.5", { network: "container", pullKey: true, optionalDevice: true, groupAddKey: true }], // RHEL 9.5
+    ["4.6.1", { network: "container", pullKey: true, optionalDevice: true }], // RHEL 9.3
+    ["4.9.3", { network: "container", pullKey: true, optionalDevice: true }], // Ubuntu 24.04
+    ["5.0.3", { network: "container", pullKey: true, optionalDevice: true }],
+    ["5.2.5", { network: "container", pullKey: true, optionalDevice: true }], // RHEL 9.5
     ["5.3.0-rc1", NEWEST_DIALECT],
     ["5.4.2", NEWEST_DIALECT], // Debian 13
     ["6.0.0", NEWEST_DIALECT],

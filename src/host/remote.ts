@@ -15,6 +15,7 @@
  *   qsp removed WHAT NAME | qsp removed nothing | qsp stopped UNIT
  *   qsp file KIND NAME PATH OWNER | qsp mode PATH MODE | qsp sha256 PATH HASH | qsp unit UNIT LOAD ACTIVE SUB
  *     | qsp container ... | qsp volume ...  what inspect found
+ *   qsp facts WIRE                         the host's facts (host_facts.ts), printed before anything is written
  *   qsp error CODE MESSAGE                 CODE is one word (see ErrorCode)
  *   qsp done                               the script ran to its end (absent: it died or the connection dropped)
  * Exit status: 0 fine, 2 refused with `qsp error` lines, anything else a step failed (reported as step-failed).
@@ -35,6 +36,7 @@ import {
   volumeName,
 } from "./render.ts";
 import { MIN_PODMAN, podmanVersionParts, quadletDialect } from "./quadlet_dialect.ts";
+import { FACTS_SH, factsWire, type HostFacts, kvmAccess, octalMode, parseFacts } from "./host_facts.ts";
 
 /** Single-quotes a value for sh. */
 export function shQuote(s: string): string {
@@ -249,7 +251,15 @@ for c in podman systemctl base64 sha256sum mktemp stat; do
   command -v "$c" >/dev/null 2>&1 || err "missing-tool $c is not installed on this host"
 done
 refuse_if_errors
+${FACTS_SH}
+say facts "$facts"
 ${PODMAN_CHECK}
+refuse_if_errors
+# files made for another host's facts (another podman, another kvm group) are never written: the controller renders
+# them again for these and applies at once
+if [ "$facts" != ${q(factsWire(r.facts))} ]; then
+  err "facts-changed this host is $facts; the files were rendered for ${factsWire(r.facts)}"
+fi
 refuse_if_errors
 
 step=ownership
@@ -317,7 +327,7 @@ done
 refuse_if_errors
 
 step=devices
-${opts.kvmRequired ? `if [ ! -c /dev/kvm ]; then err "kvm-missing /dev/kvm is not present on this host"; fi` : ""}
+${opts.kvmRequired ? kvmCheck(r.facts) : ""}
 ${
     r.devices.map((d) => `if [ ! -e ${q(d)} ]; then err ${q(`device-missing ${d} is not present on this host`)}; fi`)
       .join("\n")
@@ -425,6 +435,23 @@ say "done"
 `;
 }
 
+/**
+ * The devices step's check of /dev/kvm when KVM is required. The facts are the host's (the preflight compared them),
+ * so a node that only its owner may open is refused here: the exporter's uid cannot open it whatever group it gets,
+ * and QEMU would run under TCG unnoticed.
+ */
+function kvmCheck(facts: HostFacts | undefined): string {
+  const missing = `if [ ! -c /dev/kvm ]; then err "kvm-missing /dev/kvm is not present on this host"; fi`;
+  const access = kvmAccess(facts?.kvm ?? null);
+  if (access.kind !== "denied") return missing;
+  const mode = octalMode(access.mode);
+  return `${missing}
+err "kvm-denied /dev/kvm is mode ${mode} owned by $(stat -L -c %U:%G /dev/kvm) (gid ${access.gid}): the exporter \
+(uid ${EXPORTER_UID}, where the QEMU driver decides on KVM) cannot open it and QEMU would run without KVM; make it \
+0660 root:kvm as Debian and Ubuntu ship it (udev rule KERNEL==\\"kvm\\", GROUP=\\"kvm\\", MODE=\\"0660\\"; the group is \
+added to the exporter) or 0666 as Fedora and RHEL ship it"`;
+}
+
 /** Where the apply script remembers the units of an instance whose restart it deferred. */
 export const pendingPath = (uid: string) => `/run/${PROVISIONER}/${uid}.restart-pending`;
 
@@ -528,8 +555,8 @@ export function inspectScript(): string {
   return `# inspect
 ${PRELUDE}
 step=versions
-v=$(podman --version 2>/dev/null || true)
-say podman "\${v##* }"
+${FACTS_SH}
+say facts "$facts"
 v=$(systemctl --version 2>/dev/null | head -n 1 || true)
 v=\${v#systemd }
 say systemd "\${v%% *}"
@@ -538,7 +565,6 @@ for c in ${GENERATORS.map(q).join(" ")}; do
   if [ -x "$c" ]; then g=$c; break; fi
 done
 say generator "$g"
-if [ -c /dev/kvm ]; then say kvm yes; else say kvm no; fi
 
 step=disk
 for d in /etc /var/lib/containers; do
@@ -602,7 +628,9 @@ export type ErrorCode =
   | "owner-conflict"
   | "unit-missing"
   | "unit-shadowed"
+  | "facts-changed"
   | "kvm-missing"
+  | "kvm-denied"
   | "device-missing"
   | "step-failed"
   | "incomplete"
@@ -634,6 +662,8 @@ export interface ApplyReport {
   states: Record<string, UnitState>;
   /** The exporter's last journal lines (reported only when it is down or has restarted), tokens redacted. */
   journal: string[];
+  /** The host's facts, as the script found them before writing anything. */
+  facts?: HostFacts;
   errors: ScriptError[];
 }
 
@@ -675,10 +705,10 @@ export interface InspectedFile {
 
 export interface HostInspection {
   ok: boolean;
-  podmanVersion?: string;
+  /** Absent when the script did not get as far as printing them. */
+  facts?: HostFacts;
   systemdVersion?: number;
   generator?: string;
-  kvm: boolean;
   /** Free space in KiB by the path asked about (/etc, /var/lib/containers). */
   diskFreeKiB: Record<string, number>;
   instances: InspectedInstance[];
@@ -745,6 +775,7 @@ export function parseApplyOutput(stdout: string, stderr: string, exitCode: numbe
     else if (kind === "restart-pending") report.pending.push(a);
     else if (kind === "state") report.states[a] = { active: rest[0], sub: rest[1], restarts: Number(rest[2]) || 0 };
     else if (kind === "journal" && a) report.journal.push(redactTokens([a, ...rest].join(" ")));
+    else if (kind === "facts") report.facts = parseFacts([a, ...rest].join(" "));
   }
   return report;
 }
@@ -767,7 +798,7 @@ export function parseRemoveOutput(stdout: string, stderr: string, exitCode: numb
 
 export function parseInspectOutput(stdout: string, stderr: string, exitCode: number): HostInspection {
   const { lines, errors } = scan(stdout, stderr, exitCode);
-  const out: HostInspection = { ok: errors.length === 0, kvm: false, diskFreeKiB: {}, instances: [], errors };
+  const out: HostInspection = { ok: errors.length === 0, diskFreeKiB: {}, instances: [], errors };
   const byName = new Map<string, InspectedInstance>();
   const instance = (name: string) => {
     let i = byName.get(name);
@@ -781,10 +812,9 @@ export function parseInspectOutput(stdout: string, stderr: string, exitCode: num
   const modes = new Map<string, string>();
   const digests = new Map<string, string>();
   for (const [kind, ...w] of lines) {
-    if (kind === "podman" && w[0]) out.podmanVersion = w[0];
+    if (kind === "facts") out.facts = parseFacts(w.join(" "));
     else if (kind === "systemd" && /^[0-9]+/.test(w[0] ?? "")) out.systemdVersion = parseInt(w[0], 10);
     else if (kind === "generator" && w[0] !== "none") out.generator = w[0];
-    else if (kind === "kvm") out.kvm = w[0] === "yes";
     else if (kind === "disk" && w.length >= 2) out.diskFreeKiB[w[0]] = Number(w[1]);
     else if (kind === "file") {
       const [fileKind, name, path, ...owner] = w;

@@ -2,6 +2,7 @@ import assert from "node:assert/strict";
 import type { InstanceParams } from "./instance_params.ts";
 import { seedParams } from "../../test/fixtures.ts";
 import { renderInstance } from "./render.ts";
+import { factsWire, type HostFacts } from "./host_facts.ts";
 import {
   applyScript,
   inspectScript,
@@ -227,10 +228,9 @@ qsp done
 
 Deno.test("parseInspectOutput: host facts, instances, half-deployed leftovers", () => {
   const owner = (ns: string, n: string, uid: string) => `namespace=${ns} set=pool exporter=${n} uid=${uid}`;
-  const out = `qsp podman 5.4.2
+  const out = `qsp facts podman=5.4.2 kvm=660:993
 qsp systemd 257
 qsp generator /usr/lib/systemd/system-generators/podman-system-generator
-qsp kvm yes
 qsp disk /etc 1048576
 qsp disk /var/lib/containers 2097152
 qsp file runtime a /etc/containers/systemd/a-runtime.container ${owner("ns1", "a", "u-a")}
@@ -252,10 +252,9 @@ qsp done
 `;
   const h = parseInspectOutput(out, "", 0);
   assert.equal(h.ok, true);
-  assert.equal(h.podmanVersion, "5.4.2");
+  assert.deepEqual(h.facts, { podman: "5.4.2", kvm: { mode: 0o660, gid: 993 } });
   assert.equal(h.systemdVersion, 257);
   assert.equal(h.generator, "/usr/lib/systemd/system-generators/podman-system-generator");
-  assert.equal(h.kvm, true);
   assert.deepEqual(h.diskFreeKiB, { "/etc": 1048576, "/var/lib/containers": 2097152 });
   assert.deepEqual(h.instances.map((i) => i.name), ["a", "b", "c", "d", "e"]);
   const [a, b, c, d, e] = h.instances;
@@ -291,25 +290,42 @@ qsp done
   assert.deepEqual([e.uid, e.files, e.volume], [undefined, [], true], "a volume without files");
 
   const noPodman = parseInspectOutput(
-    "qsp podman \nqsp systemd 252\nqsp generator none\nqsp kvm no\nqsp done\n",
+    "qsp facts podman= kvm=none\nqsp systemd 252\nqsp generator none\nqsp done\n",
     "",
     0,
   );
-  assert.deepEqual([noPodman.podmanVersion, noPodman.generator, noPodman.kvm], [undefined, undefined, false]);
+  assert.deepEqual([noPodman.facts, noPodman.generator], [{ podman: "", kvm: null }, undefined]);
 });
 
-/** The apply script up to its first step that touches the host, run by dash with `podman` and the tools as stubs. */
-async function preflight(podmanVersion: string | null) {
-  const s = applyScript(rendered, { kvmRequired: false });
+/** Whether this machine has a /dev/kvm node: the preflight's `[ -c /dev/kvm ]` cannot be stubbed. */
+const kvmHere = (() => {
+  try {
+    return Deno.statSync("/dev/kvm").isCharDevice === true;
+  } catch {
+    return false;
+  }
+})();
+
+/** The facts the preflight below finds: its `stat` stub says 0660 gid 993. */
+const stubFacts = (podman: string): HostFacts => ({ podman, kvm: kvmHere ? { mode: 0o660, gid: 993 } : null });
+
+/**
+ * The apply script up to its first step that touches the host, run by `shell` with `podman` and the tools as stubs,
+ * for files rendered for `facts` (by default the facts it will find).
+ */
+async function preflight(podmanVersion: string | null, facts?: HostFacts | null, shell = "dash") {
+  const found = stubFacts(podmanVersion?.split(" ").at(-1) ?? "");
+  const s = applyScript({ ...rendered, facts: facts === null ? undefined : facts ?? found }, { kvmRequired: false });
   const cut = s.indexOf("\nstep=ownership\n");
   assert.ok(cut > 0 && s.indexOf("podman --version") < cut, "the version is checked before the ownership step");
   const stubs = [
     podmanVersion === null ? "podman() { return 127; }" : `podman() { echo ${shQuote(podmanVersion)}; }`,
-    ...["systemctl", "base64", "sha256sum", "mktemp", "stat"].map((c) => `${c}() { :; }`),
+    "stat() { echo 660:993; }",
+    ...["systemctl", "base64", "sha256sum", "mktemp"].map((c) => `${c}() { :; }`),
   ].join("\n");
   // the stubs go after the prelude's PATH line: functions win over PATH either way
   const script = `${stubs}\n${s.slice(0, cut)}\nsay done\n`;
-  const p = new Deno.Command("dash", { args: ["-s"], stdin: "piped", stdout: "piped", stderr: "piped" }).spawn();
+  const p = new Deno.Command(shell, { args: ["-s"], stdin: "piped", stdout: "piped", stderr: "piped" }).spawn();
   const w = p.stdin.getWriter();
   await w.write(new TextEncoder().encode(script));
   await w.close();
@@ -317,6 +333,31 @@ async function preflight(podmanVersion: string | null) {
   const dec = new TextDecoder();
   return parseApplyOutput(dec.decode(out.stdout), dec.decode(out.stderr), out.code);
 }
+
+Deno.test("applyScript: the host's facts are printed, and files rendered for others refused, before any write", async () => {
+  for (const shell of ["dash", "bash"]) {
+    const same = await preflight("podman version 5.4.2", undefined, shell);
+    assert.ok(same.ok, `${shell}: ${JSON.stringify(same.errors)}`);
+    assert.deepEqual(same.facts, stubFacts("5.4.2"), shell);
+
+    const cases: [string, HostFacts | null][] = [
+      ["first contact", null],
+      ["another podman", stubFacts("5.3.1")],
+      ["another kvm group", { podman: "5.4.2", kvm: { mode: 0o660, gid: 36 } }],
+      ["another kvm mode", { podman: "5.4.2", kvm: { mode: 0o666, gid: 993 } }],
+      ["kvm present or not", { podman: "5.4.2", kvm: kvmHere ? null : { mode: 0o660, gid: 993 } }],
+    ];
+    for (const [what, facts] of cases) {
+      const r = await preflight("podman version 5.4.2", facts, shell);
+      assert.deepEqual(r.errors.map((e) => e.code), ["facts-changed"], `${shell}, ${what}`);
+      assert.equal(
+        r.errors[0].message,
+        `this host is ${factsWire(stubFacts("5.4.2"))}; the files were rendered for ${factsWire(facts ?? undefined)}`,
+      );
+      assert.deepEqual(r.facts, stubFacts("5.4.2"), `${shell}, ${what}: the host's facts come back`);
+    }
+  }
+});
 
 Deno.test("applyScript: a Podman older than 4.4 (no quadlet) is refused (podman-too-old) before anything is written", async () => {
   assert.deepEqual(MIN_PODMAN, [4, 4]);
@@ -371,4 +412,30 @@ Deno.test("parseApplyOutput: a podman-too-old refusal is an error with its code,
       message: "podman 4.3.1 is older than 4.4 and has no quadlet ...; upgrade podman to 4.4 or later",
     },
   ]);
+});
+
+Deno.test("applyScript: KVM required where only /dev/kvm's owner may open it is refused (kvm-denied), by dash", async () => {
+  const denied = { ...rendered, facts: { podman: "5.4.2", kvm: { mode: 0o600, gid: 0 } } };
+  const s = applyScript(denied, { kvmRequired: true });
+  await assertParses(s);
+  assert.doesNotMatch(applyScript(denied, { kvmRequired: false }), /kvm-denied/);
+  for (const kvm of [{ mode: 0o660, gid: 993 }, { mode: 0o666, gid: 0 }, null]) {
+    assert.doesNotMatch(
+      applyScript({ ...rendered, facts: { podman: "5.4.2", kvm } }, { kvmRequired: true }),
+      /kvm-denied/,
+    );
+  }
+  // the devices step's kvm lines alone, with the node's owner as stat would name it
+  const lines = s.split("\n");
+  const from = lines.findIndex((l) => l.startsWith("step=devices"));
+  const to = lines.findIndex((l, i) => i > from && l.startsWith("refuse_if_errors"));
+  const step = lines.slice(from, to).filter((l) => !l.includes("device-missing")).join("\n");
+  const script = `errors=0\nerr() { echo "qsp error $*"; }\nstat() { echo root:root; }\n${step}\necho "qsp done"\n`;
+  const out = await new Deno.Command("dash", { args: ["-c", script] }).output();
+  const report = parseApplyOutput(new TextDecoder().decode(out.stdout), "", 2);
+  const codes = report.errors.map((e) => e.code).filter((c) => c !== "kvm-missing");
+  assert.deepEqual(codes, ["kvm-denied"]);
+  const message = report.errors.find((e) => e.code === "kvm-denied")!.message;
+  assert.match(message, /^\/dev\/kvm is mode 0600 owned by root:root \(gid 0\): the exporter \(uid 65532/);
+  assert.match(message, /make it 0660 root:kvm .*KERNEL=="kvm", GROUP="kvm", MODE="0660".* or 0666 as Fedora/);
 });

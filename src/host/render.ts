@@ -8,6 +8,7 @@ import type { DriverSpec, ExporterSet, VirtualTargetClass } from "../api/types.t
 import { DEFAULTS, PROVISIONER } from "../api/types.ts";
 import { type InstanceParams, type PullPolicy, QEMU_DRIVER_TYPE, qemuQuantity } from "./instance_params.ts";
 import { NEWEST_DIALECT, OLDEST_DIALECT, type QuadletDialect, quadletDialect } from "./quadlet_dialect.ts";
+import { type HostFacts, kvmAccess } from "./host_facts.ts";
 
 export interface Instance {
   namespace: string;
@@ -86,6 +87,8 @@ export interface RenderedInstance {
   units: { runtime: string; exporter: string };
   /** Host device paths the containers require (runtime.devices; /dev/kvm is optional and checked separately). */
   devices: string[];
+  /** The host's facts the files were rendered for; undefined: none known yet (the apply script refuses them). */
+  facts?: HostFacts;
 }
 
 export const CONFIG_DIR = "/etc/jumpstarter/exporters";
@@ -178,25 +181,21 @@ export function ownerLine(inst: Pick<Instance, "namespace" | "setName" | "name" 
   return `${OWNER_PREFIX}namespace=${inst.namespace} set=${inst.setName} exporter=${inst.name}${retain} uid=${inst.uid}`;
 }
 
-/** What rendering needs to know about the host: its `podman --version` number, when known. */
-export interface RenderHost {
-  podman?: string;
-}
-
 /**
- * The quadlet dialect to render for a host. Unknown: the newest. Below quadlet (MIN_PODMAN) the apply script refuses
- * the host before it writes anything, so what is rendered for it never reaches a generator; the oldest dialect keeps
- * rendering total.
+ * The quadlet dialect to render for a host's Podman version. Unknown: the newest. Below quadlet (MIN_PODMAN) the apply
+ * script refuses the host before it writes anything, so what is rendered for it never reaches a generator; the oldest
+ * dialect keeps rendering total.
  */
-export function dialectOf(host: RenderHost): QuadletDialect {
-  if (host.podman === undefined) return NEWEST_DIALECT;
-  const d = quadletDialect(host.podman);
+export function dialectOf(podman: string | undefined): QuadletDialect {
+  if (podman === undefined) return NEWEST_DIALECT;
+  const d = quadletDialect(podman);
   return d === "too-old" ? OLDEST_DIALECT : d;
 }
 
-export function renderInstance(inst: Instance, host: RenderHost = {}): RenderedInstance {
+/** The instance's files for a host with these facts (undefined: not known yet, see host_facts.ts). */
+export function renderInstance(inst: Instance, facts?: HostFacts): RenderedInstance {
   checkIdentity(inst);
-  const dialect = dialectOf(host);
+  const dialect = dialectOf(facts?.podman);
   const units = { runtime: `${inst.name}-runtime`, exporter: `${inst.name}-exporter` };
   const header = [MANAGED_HEADER, ownerLine(inst)];
   const mountDir = configMountDir(inst.name);
@@ -217,10 +216,11 @@ export function renderInstance(inst: Instance, host: RenderHost = {}): RenderedI
         links: [configPath(inst.name)],
       },
       quadletFile(units.runtime, renderRuntime(inst, header, dialect)),
-      quadletFile(units.exporter, renderExporter(inst, header, dialect)),
+      quadletFile(units.exporter, renderExporter(inst, header, dialect, facts)),
     ],
     units: { runtime: `${units.runtime}.service`, exporter: `${units.exporter}.service` },
     devices: inst.params.runtime.devices.map((d) => d.split(":")[0]),
+    ...(facts ? { facts } : {}),
   };
 }
 
@@ -410,7 +410,25 @@ function stageCommand(inst: Instance): string {
   ].join(" ");
 }
 
-function renderExporter(inst: Instance, header: string[], d: QuadletDialect): string {
+/**
+ * The exporter is not root, and the QEMU driver in it decides on KVM by whether this uid can open /dev/kvm (with the
+ * 0.9.0 exporter QEMU even runs there): on a host where the node is its group's (0660 root:kvm), the container gets
+ * that group. By number, as a name would be looked up in the image's /etc/group. `PodmanArgs=` rather than
+ * `GroupAdd=`, which Podman 4.9.3's quadlet does not know (it refuses the whole unit). The runtime runs as root, which
+ * opens the node without it.
+ */
+function kvmGroupKeys(inst: Instance, facts: HostFacts | undefined): [string, string][] {
+  if (!inst.params.runtime.kvm || !facts) return [];
+  const access = kvmAccess(facts.kvm);
+  return access.kind === "group" ? [["PodmanArgs", `--group-add ${access.gid}`]] : [];
+}
+
+function renderExporter(
+  inst: Instance,
+  header: string[],
+  d: QuadletDialect,
+  facts: HostFacts | undefined,
+): string {
   const runtime = `${inst.name}-runtime`;
   return unit([
     ["Unit", [
@@ -432,6 +450,7 @@ function renderExporter(inst: Instance, header: string[], d: QuadletDialect): st
       // non-root whatever the image says; the config and the shared volume are this uid's
       ["User", String(EXPORTER_UID)],
       ["Group", String(EXPORTER_UID)],
+      ...kvmGroupKeys(inst, facts),
       ["Environment", `JUMPSTARTER_LAUNCHER_SOCKET=${LAUNCHER_SOCKET}`],
       ["Exec", `jmp run --exporter-config ${configPath(inst.name)}`],
     ]],

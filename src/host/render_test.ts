@@ -235,6 +235,33 @@ Deno.test("quadlets: ownership, images, shared volume and netns, kvm to both, at
   assert.match(fileOf(noKvm, "-runtime.container").content, /^Pull=newer$/m, "the seed's :latest, no policy stated");
 });
 
+Deno.test("kvm: the exporter gets /dev/kvm's group by number where the node is its group's, nowhere else", () => {
+  const kvmInst = (kvm: boolean) => ({ ...seedInstance(), params: { ...seedParams, runtime: { kvm, devices: [] } } });
+  const groupAdds = (r: ReturnType<typeof renderInstance>, role: string) =>
+    fileOf(r, `-${role}.container`).content.split("\n").filter((l) => /group-add|GroupAdd/.test(l));
+  const facts = (kvm: { mode: number; gid: number } | null) => ({ podman: "5.4.2", kvm });
+
+  const debian = renderInstance(kvmInst(true), facts({ mode: 0o660, gid: 993 }));
+  assert.deepEqual(groupAdds(debian, "exporter"), ["PodmanArgs=--group-add 993"]);
+  assert.deepEqual(groupAdds(debian, "runtime"), [], "the runtime is root");
+  assert.deepEqual(debian.facts, facts({ mode: 0o660, gid: 993 }), "the facts it was rendered for go along");
+  const ex = fileOf(debian, "-exporter.container").content;
+  assert.ok(ex.indexOf("AddDevice=-/dev/kvm") < ex.indexOf("PodmanArgs="), "the device stays");
+
+  for (
+    const [what, r] of [
+      ["0666 (Fedora/RHEL)", renderInstance(kvmInst(true), facts({ mode: 0o666, gid: 36 }))],
+      ["0600: refused by the apply instead", renderInstance(kvmInst(true), facts({ mode: 0o600, gid: 0 }))],
+      ["no /dev/kvm", renderInstance(kvmInst(true), facts(null))],
+      ["runtime.kvm: false", renderInstance(kvmInst(false), facts({ mode: 0o660, gid: 993 }))],
+      ["facts not known yet", renderInstance(kvmInst(true))],
+    ] as const
+  ) {
+    assert.deepEqual([...groupAdds(r, "exporter"), ...groupAdds(r, "runtime")], [], what);
+  }
+  assert.equal(renderInstance(kvmInst(true)).facts, undefined);
+});
+
 Deno.test("ExitAndReplace: an exporter that ends cleanly stays down; InPlaceReuse: it always comes back", () => {
   const replace = renderInstance(seedInstance({ exitOnLeaseEnd: true }));
   assert.match(fileOf(replace, "-exporter.container").content, /^Restart=on-failure$/m);
@@ -402,13 +429,12 @@ Deno.test("statedPullPolicy and instanceOf: what the set or the class states, pe
 Deno.test("per host Podman: the exporter's network and the keys each quadlet has, nothing else differs", () => {
   const inst = seedInstance({ params: { ...seedParams, runtime: { kvm: true, devices: [] } } });
   const n = inst.name;
-  const quadlets = (podman?: string) => {
-    const r = renderInstance(inst, { podman });
+  const quadlets = (podman: string) => {
+    const r = renderInstance(inst, { podman, kvm: { mode: 0o660, gid: 993 } });
     return { rt: fileOf(r, "-runtime.container").content, ex: fileOf(r, "-exporter.container").content };
   };
-  const newest = quadlets();
-  assert.deepEqual(quadlets("5.4.2"), newest, "5.3 and later, and an unknown version: the newest form");
-  assert.deepEqual(quadlets("dev"), newest);
+  const newest = quadlets("5.4.2");
+  for (const v of ["5.3.0", "6.0.0", "dev", ""]) assert.deepEqual(quadlets(v), newest, `${v}: the newest form`);
   assert.match(newest.ex, new RegExp(`^Network=${n}-runtime\\.container$`, "m"));
   assert.doesNotMatch(newest.ex, /^Requires=/m, "Network=<unit>.container makes quadlet add it");
 
@@ -435,5 +461,6 @@ Deno.test("per host Podman: the exporter's network and the keys each quadlet has
       mid.replace(/^Pull=.*$/m, `PodmanArgs=--pull=${pull}`).replace("AddDevice=-/dev/kvm", "AddDevice=/dev/kvm"),
     );
   }
+  assert.match(v44.ex, /^PodmanArgs=--group-add 993$/m, "the kvm group by PodmanArgs, which every quadlet has");
   assert.deepEqual(quadlets("4.3.1"), v44, "below quadlet (refused by the apply): the oldest form, never thrown");
 });

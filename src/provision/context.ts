@@ -26,6 +26,7 @@ import type { Logger } from "../observe/log.ts";
 import type { Metrics } from "../observe/metrics.ts";
 import type { HostOps } from "../host/lab.ts";
 import type { HostInspection } from "../host/remote.ts";
+import type { HostFacts } from "../host/host_facts.ts";
 
 /** The kinds reconciling reads from caches, by cache. */
 export interface Cached {
@@ -80,6 +81,8 @@ export interface Context {
   finalized: Map<string, string>;
   /** The latest inspection per lab host and key, shared by the drift checks and the sweep (host_checks.ts). */
   inspections: Map<string, HostCheck>;
+  /** Per lab host and port (factsKey), the facts its last apply found: instances are rendered for them. */
+  hostFacts: Map<string, HostFacts>;
 }
 
 export interface HostCheck {
@@ -90,7 +93,10 @@ export interface HostCheck {
 
 /** A context with empty memory. */
 export function newContext(
-  deps: Omit<Context, "applied" | "expectations" | "statuses" | "exporterFailures" | "finalized" | "inspections">,
+  deps: Omit<
+    Context,
+    "applied" | "expectations" | "statuses" | "exporterFailures" | "finalized" | "inspections" | "hostFacts"
+  >,
 ): Context {
   return {
     ...deps,
@@ -100,6 +106,7 @@ export function newContext(
     exporterFailures: new Map(),
     finalized: new Map(),
     inspections: new Map(),
+    hostFacts: new Map(),
   };
 }
 

@@ -5,8 +5,9 @@
  */
 import { createHash } from "node:crypto";
 import type { Exporter, ExporterSet, VirtualTargetClass } from "../api/types.ts";
-import { instanceOf, renderInstance } from "../host/render.ts";
-import type { ApplyOutcome } from "../host/lab.ts";
+import { instanceOf, type RenderedInstance, renderInstance } from "../host/render.ts";
+import { applyForFacts, type ApplyOutcome } from "../host/lab.ts";
+import { factsKey } from "../host/host_facts.ts";
 import type { InstanceParams } from "../host/instance_params.ts";
 import { decodeSecretValue, type LabTarget } from "./credentials.ts";
 import type { AppliedState, Context } from "./context.ts";
@@ -144,14 +145,17 @@ async function deploy(
     caBundle: caBundle(ctx, cls),
     retain: cls.spec.reclaimPolicy === "Retain",
   });
-  const rendered = renderInstance(instance);
-  const hash = createHash("sha256").update(JSON.stringify(rendered)).update(JSON.stringify(target)).digest("hex");
+  const render = (facts: Parameters<typeof renderInstance>[1]) => renderInstance(instance, facts);
+  const hashOf = (r: RenderedInstance) =>
+    createHash("sha256").update(JSON.stringify(r)).update(JSON.stringify(target)).digest("hex");
+  const facts = factsKey(target);
+  const rendered = render(ctx.hostFacts.get(facts));
   const last = ctx.applied.get(e.metadata.uid!);
   const now = ctx.now().getTime();
   const offline = offlineMarker(e);
   // a restart deferred under a lease that is over now is due, whatever else still matches
   const due = last?.pending === true && !holder;
-  if (last && !due && stillApplied(last, hash, offline)) {
+  if (last && !due && stillApplied(last, hashOf(rendered), offline)) {
     if (now - last.at < ctx.resyncMs) return last;
     // due for its check on the host, which one inspection there answers for all instances of every set on it
     const checked = await driftSince(ctx, target, rendered, last.at);
@@ -175,11 +179,13 @@ async function deploy(
   const started = performance.now();
   const deferRestart = holder !== undefined || (due && turn.rolling);
   if (due && !deferRestart) turn.rolling = true;
-  const report = await ctx.hosts.apply(target, rendered, {
+  const applied = await applyForFacts(ctx.hosts, target, render, ctx.hostFacts.get(facts), {
     kvmRequired: params.runtime.kvm,
     keepExited: holdExited,
     deferRestart,
   });
+  const report = applied.outcome;
+  if (report.facts) ctx.hostFacts.set(facts, report.facts);
   ctx.metrics.deploySeconds.observe({ host: target.host }, (performance.now() - started) / 1000);
   if (report.errors.length) throw new DeployError(applyFailureText(target.host, report.errors), report.errorCode);
   if (report.changed.length && !last) turn.deployed.push(name);
@@ -187,7 +193,7 @@ async function deploy(
     ctx.recorder.event(e, "Normal", "Updated", `updated on ${target.host}: ${report.changed.join(", ")}`);
   }
   const state: AppliedState = {
-    hash,
+    hash: hashOf(applied.rendered),
     // when the host was last seen as applied: the apply's end, so an inspection begun during it is not trusted
     at: ctx.now().getTime(),
     host: target.host,

@@ -9,6 +9,7 @@ import type { RenderedInstance } from "../host/render.ts";
 import type { LabTarget } from "./credentials.ts";
 import type { Context, HostCheck } from "./context.ts";
 import { targetString } from "./targets.ts";
+import { factsKey, factsWire } from "../host/host_facts.ts";
 
 /**
  * An inspection of the host begun after `since`: the one under way or done, else a new one. Keyed by the key
@@ -26,7 +27,11 @@ export function inspectHost(ctx: Context, target: LabTarget, since: number): Hos
   return check;
 }
 
-/** How the instance differs on its host from `r` (see drift), by an inspection begun after `since`. */
+/**
+ * How the instance differs on its host from `r` (see drift), by an inspection begun after `since`. Facts of the host
+ * that differ from those `r` was rendered for count too (its kvm group or Podman changed): the inspection's facts are
+ * remembered, and the apply that follows renders for them.
+ */
 export async function driftSince(
   ctx: Context,
   target: LabTarget,
@@ -34,8 +39,15 @@ export async function driftSince(
   since: number,
 ): Promise<{ at: number; drift: string[] }> {
   const check = inspectHost(ctx, target, since);
-  const found = (await check.inspection).instances.find((i) => i.name === r.name);
-  return { at: check.at, drift: drift(r, found) };
+  const inspection = await check.inspection;
+  const found = inspection.instances.find((i) => i.name === r.name);
+  const differs = drift(r, found);
+  if (inspection.facts) {
+    ctx.hostFacts.set(factsKey(target), inspection.facts);
+    const [was, now] = [factsWire(r.facts), factsWire(inspection.facts)];
+    if (was !== now) differs.push(`host facts: rendered for ${was}, the host is ${now}`);
+  }
+  return { at: check.at, drift: differs };
 }
 
 /** Drops inspections begun before `before`, older than any caller takes, so hosts no longer used are not kept. */

@@ -13,6 +13,7 @@ const PROBLEM_RETRY_MS = 30_000;
  */
 const REFUSAL_REASONS = new Map([
   ["kvm-missing", "KvmMissing"],
+  ["kvm-denied", "KvmDenied"],
   ["podman-too-old", "PodmanTooOld"],
 ]);
 

@@ -4,6 +4,7 @@ import { applyFailureReason, applyFailureText, retryAfterMs } from "./problems.t
 Deno.test("applyFailureReason: refusals a person fixes on the host have their own reason, the rest DeployFailed", () => {
   assert.equal(applyFailureReason("podman-too-old"), "PodmanTooOld");
   assert.equal(applyFailureReason("kvm-missing"), "KvmMissing");
+  assert.equal(applyFailureReason("kvm-denied"), "KvmDenied");
   for (const code of ["missing-tool", "not-owned", "unit-missing", "step-failed", "incomplete", "exit", undefined]) {
     assert.equal(applyFailureReason(code), "DeployFailed", String(code));
   }

@@ -238,6 +238,31 @@ Deno.test("reconcile: each resync, one inspection of the host checks every insta
   assert.deepEqual(since(), [`inspect ${HOST}`], "asked for a fresh look, it inspects");
 });
 
+Deno.test("reconcile: files are rendered for the host's facts: two applies on first contact, one after", async () => {
+  const w = new World();
+  w.hosts.facts.set(HOST, { podman: "5.4.2", kvm: { mode: 0o660, gid: 993 } });
+  const [a, b] = await w.deployed();
+  const [na, nb] = [a.metadata.name!, b.metadata.name!];
+  const groupAdd = (name: string) =>
+    w.hosts.instance(HOST, name)!.rendered.files.find((f) => f.path.endsWith("-exporter.container"))!.content
+      .match(/^PodmanArgs=.*$/m)?.[0];
+  // both applies of the first reconcile run in parallel, before either learned the facts
+  assert.deepEqual([w.applies(na), w.applies(nb)], [2, 2], "refused for unknown facts, rendered anew, applied at once");
+  assert.equal(groupAdd(na), "PodmanArgs=--group-add 993");
+  assert.equal(w.set.status?.conditions?.find((c) => c.reason === "DeployFailed"), undefined);
+  w.issueCredentials(w.exporter(na)!, "rotated");
+  await w.reconcile();
+  assert.equal(w.applies(na), 3, "facts known: one apply");
+
+  // the host's kvm group changes (a package re-created it): the resync's inspection sees it, the next apply renders
+  // for it in one round trip
+  w.hosts.facts.set(HOST, { podman: "5.4.2", kvm: { mode: 0o660, gid: 36 } });
+  w.advance(5 * 60_000);
+  await w.reconcile();
+  assert.deepEqual([w.applies(na), w.applies(nb)], [4, 3]);
+  assert.equal(groupAdd(na), "PodmanArgs=--group-add 36");
+});
+
 Deno.test("reconcile: scale-down drains after the cooldown, then deletes, then tears down", async () => {
   const w = new World();
   await w.deployed();

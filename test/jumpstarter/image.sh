@@ -1,6 +1,7 @@
 #!/bin/bash
-# image.sh - builds a real Jumpstarter 0.9.0 exporter image (Debian trixie + the PyPI wheels + QEMU/AAVMF) as a
-# rootfs tarball for "podman import", to stand for quay.io/jumpstarter-dev/jumpstarter:latest on the lab hosts.
+# image.sh - builds a real Jumpstarter 0.9.0 exporter image (Debian trixie + the PyPI wheels + QEMU: aarch64 with
+# AAVMF, x86_64 with SeaBIOS) as a rootfs tarball for "podman import", to stand for
+# quay.io/jumpstarter-dev/jumpstarter:latest on the lab hosts.
 #
 # usage (as root): image.sh
 #   The last stdout line is the tarball (.tar.gz); beside it, TARBALL.changes holds one "podman import --change"
@@ -19,7 +20,11 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 C=$(realpath -m "${QSP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/qemu-ssh-provisioner}")/jumpstarter
 SUITE=trixie
 MIRROR=$(bash "$HERE/../labhost/debian-mirror.sh")
-PKGS=python3,python3-venv,qemu-system-arm,qemu-utils,qemu-efi-aarch64,ipxe-qemu,ca-certificates
+# qemu-system-x86 with SeaBIOS: an x86_64 class boots under KVM where the lab host has it (test/e2e_kvm_test.ts).
+# No OVMF: upstream's x86 default_partitions (/usr/share/edk2/ovmf/...) are absent, so q35 boots SeaBIOS, as it does
+# with upstream's own exporter image.
+PKGS=python3,python3-venv,qemu-system-arm,qemu-system-x86,seabios,qemu-utils,qemu-efi-aarch64,ipxe-qemu
+PKGS+=,ca-certificates
 REQS=(jumpstarter-cli==0.9.0 jumpstarter-driver-qemu==0.9.0 jumpstarter-driver-network==0.9.0)
 # the wheels must match trixie's python, not this machine's
 PYVER=3.13
@@ -75,6 +80,7 @@ customize_rootfs() {
     echo 'jumpstarter:x:65532:' >>"$R/etc/group"
     install -d -m755 -o 65532 -g 65532 "$R/home/jumpstarter"
     "${run[@]}" qemu-system-aarch64 --version | head -1 >&2
+    "${run[@]}" qemu-system-x86_64 --version | head -1 >&2
 }
 
 trim_rootfs() {

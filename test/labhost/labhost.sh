@@ -20,8 +20,10 @@
 #   LAB_BRIDGE=qsplab0  LAB_BRIDGE_ADDR=10.77.0.1  LAB_PREFIX=24
 #       The bridge name also prefixes the nspawn machine, netns and cgroup names (e.g. qsplab0-h1), so two sets
 #       with different bridges never collide on one machine.
-#   LAB_KVM=auto                 auto: bind the outer /dev/kvm if there is one, else a stand-in node;
-#                                bind | node | none force one way
+#   LAB_KVM=node                 node: the host's own /dev/kvm node (10:232, made at boot: the outer machine's is
+#                                never bound in, so nothing inside can chmod it); none: no /dev/kvm
+#   LAB_KVM_MODE=0660            its mode, owned by root and the host's kvm group: 0660 as Debian and Ubuntu ship it,
+#                                0666 as Fedora and RHEL do (0600 is a host where only root may use KVM)
 #   LAB_EXTRA_PKGS=""            extra comma separated packages for the base rootfs (changes its cache key)
 #   LAB_NSPAWN_ARGS=""           extra systemd-nspawn args, e.g. "--bind=/dev/ttyUSB0"
 #   LAB_BOOT_TIMEOUT=90          seconds to wait for sshd
@@ -43,7 +45,8 @@ LAB_DIR=$(realpath -m "${LAB_DIR:-/tmp/qsp-labhost}") # the supervisor outlives 
 LAB_BRIDGE=${LAB_BRIDGE:-qsplab0}
 LAB_BRIDGE_ADDR=${LAB_BRIDGE_ADDR:-10.77.0.1}
 LAB_PREFIX=${LAB_PREFIX:-24}
-LAB_KVM=${LAB_KVM:-auto}
+LAB_KVM=${LAB_KVM:-node}
+LAB_KVM_MODE=${LAB_KVM_MODE:-0660}
 LAB_EXTRA_PKGS=${LAB_EXTRA_PKGS:-}
 LAB_NSPAWN_ARGS=${LAB_NSPAWN_ARGS:-}
 LAB_IMAGES=${LAB_IMAGES:-}
@@ -268,21 +271,20 @@ ExecStart=/usr/local/sbin/labhost-images
 [Install]
 WantedBy=multi-user.target
 EOF
-    # Without /dev/kvm on the outer machine there is nothing to bind, but a node with the real numbers is enough for
-    # "AddDevice=/dev/kvm": podman only stats it and crun recreates it in the container and allows it in the device
-    # cgroup. Opening it fails with ENODEV where no kvm driver is loaded (checked with an unused 10:250 node), which
-    # does not matter because the stand-ins never run QEMU. So no /dev/null-numbered fallback is needed.
+    # The host's own /dev/kvm, in the /dev nspawn gives it (a tmpfs of its own): its mode and group are the host's,
+    # as on a real one, and a chmod inside never reaches the outer machine's node, which a bind mount would share.
+    # Where the outer machine has KVM, the node opens the real device (same 10:232); without it, opening fails with
+    # ENODEV, which the stand-ins do not mind: podman only stats the node and crun recreates it in the container.
     cat >"$R"/etc/systemd/system/labhost-kvm.service <<'EOF'
 [Unit]
-Description=Stand-in /dev/kvm node
+Description=The lab host's own /dev/kvm node
 Before=ssh.service labhost-images.service
-ConditionPathExists=/etc/labhost/kvm-node
+ConditionPathExists=/etc/labhost/kvm-mode
 ConditionPathExists=!/dev/kvm
 [Service]
 Type=oneshot
 RemainAfterExit=yes
-ExecStart=/bin/mknod -m 0660 /dev/kvm c 10 232
-ExecStart=/bin/chgrp kvm /dev/kvm
+ExecStart=/bin/sh -c 'mknod -m "$$(cat /etc/labhost/kvm-mode)" /dev/kvm c 10 232 && chgrp kvm /dev/kvm'
 [Install]
 WantedBy=multi-user.target
 EOF
@@ -383,13 +385,14 @@ create_host() {
     install_host_files "$R"
     echo "$N" >"$R/etc/hostname"
     printf '127.0.0.1 localhost\n::1 localhost\n%s %s\n' "$IP" "$N" >"$R/etc/hosts"
-    rm -f "$R/etc/labhost/kvm-node"
+    rm -f "$R/etc/labhost/kvm-node" "$R/etc/labhost/kvm-mode"
     case "$LAB_KVM" in
-    bind) [ -c /dev/kvm ] || die "LAB_KVM=bind but the outer machine has no /dev/kvm" ;;
-    node) touch "$R/etc/labhost/kvm-node" ;;
-    auto) [ -c /dev/kvm ] || touch "$R/etc/labhost/kvm-node" ;;
+    node)
+        case "$LAB_KVM_MODE" in [0-7][0-7][0-7] | 0[0-7][0-7][0-7]) ;; *) die "LAB_KVM_MODE must be octal, e.g. 0660" ;; esac
+        echo "$LAB_KVM_MODE" >"$R/etc/labhost/kvm-mode"
+        ;;
     none) ;;
-    *) die "LAB_KVM must be auto, bind, node or none" ;;
+    *) die "LAB_KVM must be node or none" ;;
     esac
     locked "$KNOWN_HOSTS.lock" update_known_hosts "$IP" "$R/etc/ssh/ssh_host_ed25519_key.pub"
 }
@@ -478,10 +481,9 @@ cg_cleanup() {
 }
 
 boot_host() {
-    local N=$1 H P d ID kvm=()
+    local N=$1 H P d ID
     H=$(hostdir "$N")
     ID=$(host_id "$N")
-    [ ! -f "$H/rootfs/etc/labhost/kvm-node" ] && [ "$LAB_KVM" != none ] && kvm=(--bind=/dev/kvm)
     cg_cleanup "$N"
     # Without a systemd on the outer machine every nspawn would land in the same /payload cgroup, so each gets its
     # own; SYSTEMD_NSPAWN_UNIFIED_HIERARCHY gives the host a pure cgroup v2 tree, which crun and podman 5 need.
@@ -506,7 +508,7 @@ boot_host() {
             -D "$H/rootfs" -M "$ID" --hostname="$N" --boot \
             --register=no --keep-unit --network-namespace-path="/run/netns/$ID" \
             --capability=CAP_NET_ADMIN,CAP_BPF,CAP_PERFMON --system-call-filter='@keyring bpf' \
-            --resolv-conf=off --timezone=off --link-journal=no --console=pipe "${kvm[@]}" $LAB_NSPAWN_ARGS
+            --resolv-conf=off --timezone=off --link-journal=no --console=pipe $LAB_NSPAWN_ARGS
     ) </dev/null >>"$H/console.log" 2>&1 &
     P=$!
     echo $P >"$H/supervisor.pid"

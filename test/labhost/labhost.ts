@@ -38,6 +38,8 @@ export interface LabNet {
   podman?: string;
   /** The Debian suite of the hosts (labhost.sh's SUITE), default trixie; "bookworm" has Podman 4.3.1, no quadlet. */
   suite?: string;
+  /** The mode of each host's own /dev/kvm node, root:kvm (LAB_KVM_MODE): "0660" (the default) or "0666", say. */
+  kvmMode?: string;
 }
 
 export interface ExecResult {
@@ -58,6 +60,7 @@ export function labNetEnv(net: LabNet): Record<string, string> {
     LAB_IMAGES: (net.images ?? []).map((i) => `${i.tarball}=${i.tag}`).join(" "),
     ...(net.podman ? { LAB_PODMAN: net.podman } : {}),
     ...(net.suite ? { SUITE: net.suite } : {}),
+    ...(net.kvmMode ? { LAB_KVM_MODE: net.kvmMode } : {}),
   };
 }
 

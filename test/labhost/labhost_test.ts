@@ -133,7 +133,11 @@ Deno.test({
         const v = await sh(h, "podman --version");
         assert.ok(versionAtLeast(v, [5, 3]), v);
         await sh(h, "test -x /usr/lib/systemd/system-generators/podman-system-generator");
-        await sh(h, "test -c /dev/kvm");
+        // its own node, as Debian ships it; a chmod there must not reach the outer machine's
+        const outer = Deno.statSync("/dev/kvm").mode;
+        assert.equal(await sh(h, "stat -c '%t:%T %a %U:%G' /dev/kvm && chmod 0606 /dev/kvm"), "a:e8 660 root:kvm\n");
+        assert.equal(Deno.statSync("/dev/kvm").mode, outer, "the outer machine's /dev/kvm is untouched");
+        await sh(h, "chmod 0660 /dev/kvm");
         const images = await sh(h, "podman images --format '{{.Repository}}:{{.Tag}}'");
         assert.match(images, /quay\.io\/jumpstarter-dev\/virtual\/qemu-runtime:latest/);
         assert.match(images, /quay\.io\/jumpstarter-dev\/jumpstarter:latest/);

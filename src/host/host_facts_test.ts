@@ -1,0 +1,70 @@
+import assert from "node:assert/strict";
+import { FACTS_SH, factsKey, factsWire, type HostFacts, kvmAccess, parseFacts, UNKNOWN_FACTS } from "./host_facts.ts";
+
+Deno.test("host facts: the wire form round-trips, and what is not one is refused", () => {
+  const cases: [HostFacts, string][] = [
+    [{ podman: "5.4.2", kvm: { mode: 0o660, gid: 993 } }, "podman=5.4.2 kvm=660:993"],
+    [{ podman: "5.3.0-rc1", kvm: { mode: 0o666, gid: 0 } }, "podman=5.3.0-rc1 kvm=666:0"],
+    [{ podman: "4.9.3", kvm: null }, "podman=4.9.3 kvm=none"],
+    [{ podman: "", kvm: { mode: 0, gid: 0 } }, "podman= kvm=0:0"],
+  ];
+  for (const [facts, wire] of cases) {
+    assert.equal(factsWire(facts), wire);
+    assert.deepEqual(parseFacts(wire), facts);
+  }
+  assert.equal(factsWire(undefined), UNKNOWN_FACTS);
+  for (
+    const bad of [
+      UNKNOWN_FACTS,
+      "",
+      "podman=5.4.2",
+      "podman=5.4.2 kvm=",
+      "podman=5.4.2 kvm=8:1",
+      "podman=$(id) kvm=none",
+    ]
+  ) {
+    assert.equal(parseFacts(bad), undefined, bad);
+  }
+});
+
+Deno.test("host facts: how the non-root exporter can open /dev/kvm, by mode", () => {
+  const kvm = (mode: number, gid = 993) => kvmAccess({ mode, gid });
+  assert.deepEqual(kvmAccess(null), { kind: "missing" });
+  assert.deepEqual(kvm(0o666), { kind: "world" }, "Fedora/RHEL");
+  assert.deepEqual(kvm(0o660), { kind: "group", gid: 993 }, "Debian/Ubuntu");
+  assert.deepEqual(kvm(0o670), { kind: "group", gid: 993 });
+  assert.deepEqual(kvm(0o600, 0), { kind: "denied", mode: 0o600, gid: 0 });
+  assert.deepEqual(kvm(0o640), { kind: "denied", mode: 0o640, gid: 993 }, "read alone is not enough");
+  assert.deepEqual(kvm(0o604), { kind: "denied", mode: 0o604, gid: 993 });
+  assert.equal(factsKey({ host: "lab1", port: 2222 }), "lab1:2222");
+});
+
+/** FACTS_SH under `shell`, with /dev/kvm's place taken by `node` (a path made in a temp dir, or none). */
+async function probe(shell: string, podman: string, node?: { mode: number }): Promise<string> {
+  const dir = await Deno.makeTempDir();
+  try {
+    let sh = FACTS_SH;
+    if (node) {
+      // a regular file stands in for the device node: `-c` is rewritten to `-f` for it, the rest runs as on a host
+      await Deno.writeTextFile(`${dir}/kvm`, "");
+      await Deno.chmod(`${dir}/kvm`, node.mode);
+      sh = sh.replaceAll("-c /dev/kvm", `-f ${dir}/kvm`).replaceAll("/dev/kvm", `${dir}/kvm`);
+    } else sh = sh.replaceAll("/dev/kvm", `${dir}/none`);
+    const script = `podman() { echo ${podman}; }\n${sh}\nprintf '%s\\n' "$facts"\n`;
+    const out = await new Deno.Command(shell, { args: ["-c", script] }).output();
+    assert.equal(out.code, 0, new TextDecoder().decode(out.stderr));
+    return new TextDecoder().decode(out.stdout).trim();
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+}
+
+Deno.test("host facts: FACTS_SH prints the wire form under dash and bash", async () => {
+  const gid = Deno.gid() ?? 0;
+  for (const shell of ["dash", "bash"]) {
+    assert.equal(await probe(shell, "'podman version 5.4.2'"), "podman=5.4.2 kvm=none", shell);
+    const wire = await probe(shell, "'podman version 4.9.3'", { mode: 0o660 });
+    assert.equal(wire, `podman=4.9.3 kvm=660:${gid}`, shell);
+    assert.deepEqual(parseFacts(wire), { podman: "4.9.3", kvm: { mode: 0o660, gid } });
+  }
+});
