@@ -297,7 +297,7 @@ Deno.test({
           assert.match(podmanLine, new RegExp(`^✗ podman +podman ${version.replaceAll(".", "\\.")} is too old`));
         } else {
           assert.equal(d.code, 0, d.text);
-          const form = /^(4\.|5\.[0-2]\.)/.test(version)
+          const form = /^(4\.|5\.[0-3]\.)/.test(version)
             ? "Network=container:<name>-runtime with "
             : "Network=<name>-runtime\\.container$";
           assert.match(podmanLine, new RegExp(`^✓ podman +podman ${version.replaceAll(".", "\\.")}: .* by ${form}`));

@@ -1,6 +1,6 @@
 /**
  * End to end on lab hosts whose Podman is not Debian 13's 5.4, each booted by the test on a lab network of its own: a
- * host with Podman 4.9.3 built from source (test/podman/build.sh; Ubuntu 24.04's version) gets the 4.4-5.2 quadlet
+ * host with Podman 4.9.3 built from source (test/podman/build.sh; Ubuntu 24.04's version) gets the 4.4-5.3 quadlet
  * dialect (`Network=container:<runtime>`) from the facts the controller learns, and the seed's exporter reaches its
  * runtime's 127.0.0.1:2222 there; a Debian 12 host (Podman 4.3.1, no quadlet) is refused before anything is written,
  * with a condition naming the host, its version and the fix.

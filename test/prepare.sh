@@ -38,8 +38,10 @@ echo "prepare: lab host base image ready ($((SECONDS - t0))s)" >&2
 # the lab-host variants of the Podman tests: Podman 4.9.3 in place of trixie's 5.4, and bookworm's 4.3.1
 t0=$SECONDS
 bash test/podman/build.sh 4.9.3 >/dev/null
+# the quadlet generators of test/quadlet_versions_test.ts, pure Go, seconds each
+for v in 4.4.1 4.6.2 5.2.5 5.3.2 5.4.2; do bash test/podman/build.sh "$v" quadlet-only >/dev/null; done
 SUITE=bookworm bash test/labhost/labhost.sh base
-echo "prepare: Podman 4.9.3 and the bookworm lab host image ready ($((SECONDS - t0))s)" >&2
+echo "prepare: Podman 4.9.3, the quadlet generators and the bookworm lab host image ready ($((SECONDS - t0))s)" >&2
 
 # The real Jumpstarter chain: the controller is a CPU-bound Go build; the exporter image and the jmp client mostly
 # download, so they run beside it.

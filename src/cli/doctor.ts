@@ -589,7 +589,7 @@ function reportInspection(s: Subject, h: HostInspection, probe: string[][], repo
       "warn",
       "podman",
       `podman ${podman}: not a version number; run deploys as for the newest Podman (exporter in ` +
-        `${networkFormText(dialectOf(podman))}), and needs >= 5.3 for that`,
+        `${networkFormText(dialectOf(podman))}), and needs >= 5.4 for that`,
       "make sure this podman's quadlet understands Network=<name>.container",
     );
   } else {

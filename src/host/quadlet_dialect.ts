@@ -7,8 +7,11 @@
  *        the path)
  *   5.1  `GroupAdd=`, so the exporter's kvm group goes in `PodmanArgs=` (an older quadlet rejects the whole unit for
  *        an unknown key)
- *   5.3  `Network=<name>.container`, the network namespace of the container another quadlet runs (podman commit
- *        71fd157); older ones pass the text to podman as a network name, and the exporter fails at start
+ *   5.4  `Network=<name>.container`, the network namespace of the container another quadlet runs. It appeared in
+ *        5.3 (podman commit 71fd157), but 5.3's generator learns a container's name only when it converts that
+ *        file, in directory order, and `<name>-exporter.container` sorts before `<name>-runtime.container`: "cannot
+ *        get the resource name", no exporter service. 5.4 knows every container's name up front. Older ones pass
+ *        the text to podman as a network name, and the exporter fails at start
  */
 
 /** The oldest Podman with quadlet: older hosts are refused before anything is written. */
@@ -50,7 +53,7 @@ export function quadletDialect(version: string): QuadletDialect | "too-old" {
   if (!v) return NEWEST_DIALECT;
   if (!atLeast(v, MIN_PODMAN)) return "too-old";
   return {
-    network: atLeast(v, [5, 3]) ? "unit" : "container",
+    network: atLeast(v, [5, 4]) ? "unit" : "container",
     pullKey: atLeast(v, [4, 6]),
     optionalDevice: atLeast(v, [4, 6]),
   };

@@ -13,7 +13,9 @@ Deno.test("quadletDialect: each key and form from the release whose quadlet has 
     ["4.9.3", { network: "container", pullKey: true, optionalDevice: true }], // Ubuntu 24.04
     ["5.0.3", { network: "container", pullKey: true, optionalDevice: true }],
     ["5.2.5", { network: "container", pullKey: true, optionalDevice: true }], // RHEL 9.5
-    ["5.3.0-rc1", NEWEST_DIALECT],
+    ["5.3.0-rc1", { network: "container", pullKey: true, optionalDevice: true }],
+    ["5.3.2", { network: "container", pullKey: true, optionalDevice: true }], // its generator misses the runtime
+    ["5.4.0-rc1", NEWEST_DIALECT],
     ["5.4.2", NEWEST_DIALECT], // Debian 13
     ["6.0.0", NEWEST_DIALECT],
     ["10.1.0", NEWEST_DIALECT],

@@ -1,7 +1,7 @@
 /**
  * The apply, remove and inspect scripts run for real on a simulated lab host (test/labhost: systemd 257, podman 5.4
  * with quadlet, /dev/kvm, stand-in images whose exporter checks the launcher socket, the tcp target and /dev/kvm),
- * and all of it again on one whose Podman is 4.9.3 built from source (Ubuntu 24.04's; the 4.4-5.2 quadlet dialect).
+ * and all of it again on one whose Podman is 4.9.3 built from source (Ubuntu 24.04's; the 4.4-5.3 quadlet dialect).
  * Needs root (network namespaces, bridge, systemd-nspawn); it is skipped otherwise.
  */
 import { seedParams } from "../../test/fixtures.ts";

@@ -434,13 +434,14 @@ Deno.test("per host Podman: the exporter's network and the keys each quadlet has
     return { rt: fileOf(r, "-runtime.container").content, ex: fileOf(r, "-exporter.container").content };
   };
   const newest = quadlets("5.4.2");
-  for (const v of ["5.3.0", "6.0.0", "dev", ""]) assert.deepEqual(quadlets(v), newest, `${v}: the newest form`);
+  for (const v of ["5.4.0", "6.0.0", "dev", ""]) assert.deepEqual(quadlets(v), newest, `${v}: the newest form`);
   assert.match(newest.ex, new RegExp(`^Network=${n}-runtime\\.container$`, "m"));
   assert.doesNotMatch(newest.ex, /^Requires=/m, "Network=<unit>.container makes quadlet add it");
 
-  // 4.6 - 5.2: the runtime's container by name, with the ordering quadlet adds only for the unit form
+  // 4.6 - 5.3: the runtime's container by name, with the ordering quadlet adds only for the unit form
   const v49 = quadlets("4.9.3");
   assert.deepEqual(quadlets("5.2.5"), v49);
+  assert.deepEqual(quadlets("5.3.2"), v49);
   assert.equal(v49.rt, newest.rt, "the runtime's quadlet is the same");
   const [newLines, oldLines] = [newest.ex.split("\n"), v49.ex.split("\n")];
   assert.deepEqual(newLines.filter((l) => !oldLines.includes(l)), [`Network=${n}-runtime.container`]);
