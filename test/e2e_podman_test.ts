@@ -100,7 +100,9 @@ Deno.test({
       assert.match(
         degraded.message ?? "",
         new RegExp(
-          `^on ${SEED_HOST.replaceAll(".", "\\.")}: podman-too-old: podman ${version.replace(/[.+]/g, "\\$&")} ` +
+          `^${SET}-[a-z0-9]+: on ${SEED_HOST.replaceAll(".", "\\.")}: podman-too-old: podman ${
+            version.replace(/[.+]/g, "\\$&")
+          } ` +
             "is older than 4\\.4 and has no quadlet.*; upgrade podman to 4\\.4 or later",
         ),
       );
