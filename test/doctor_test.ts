@@ -317,14 +317,14 @@ Deno.test({
 });
 
 Deno.test({
-  name: "deploy on a faked Podman 4.9.3 (a wrapper first in PATH): PodmanTooOld on the set naming host, version and " +
+  name: "deploy on a faked Podman 4.3.1 (a wrapper first in PATH): PodmanTooOld on the set naming host, version and " +
     "fix, a Warning event, nothing on the host; once podman is 5.4 again the set deploys",
   sanitizeResources: false,
   sanitizeOps: false,
   async fn() {
     const w = await world({ resyncMs: 5_000 });
     try {
-      await fakePodmanVersion(w.host, "4.9.3");
+      await fakePodmanVersion(w.host, "4.3.1");
       await applySeed(w);
       const degraded = await waitFor(async () => {
         const c = cond(await getSet(w), "Degraded");
@@ -333,15 +333,15 @@ Deno.test({
       assert.equal(degraded.status, "True");
       assert.match(
         degraded.message!,
-        /^aarch64-ssh-pool-\w+: on lab-host-01\.example\.com: podman-too-old: podman 4\.9\.3 is older than 5\.3: /,
+        /^aarch64-ssh-pool-\w+: on lab-host-01\.example\.com: podman-too-old: podman 4\.3\.1 is older than 4\.4 and has no quadlet/,
       );
-      assert.match(degraded.message!, /upgrade podman to 5\.3 or later/);
+      assert.match(degraded.message!, /upgrade podman to 4\.4 or later/);
       const warning = await waitFor(
         async () => (await events(w)).find((e) => e.reason === "PodmanTooOld"),
         { what: "a PodmanTooOld event" },
       );
       assert.equal(warning.type, "Warning");
-      assert.match(warning.message, /on lab-host-01\.example\.com: podman-too-old: podman 4\.9\.3/);
+      assert.match(warning.message, /on lab-host-01\.example\.com: podman-too-old: podman 4\.3\.1/);
       const [e] = await exporters(w);
       assert.ok(e, "the Exporter is created; only its deploy waits");
       assert.equal(await hostHas(w.host, e.metadata.name!), false, "no file, container, volume or unit on the host");
