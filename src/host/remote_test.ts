@@ -91,11 +91,18 @@ Deno.test("removeScript and inspectScript are valid sh; remove checks the owner 
   await assertParses(removeScript("pool-x7k2p"));
   await assertParses(inspectScript());
   assert.match(r, /^check_owner '\/etc\/containers\/systemd\/pool-x7k2p-runtime\.container' '0b7e6c1a'$/m);
-  assert.match(r, /podman volume rm -f 'jumpstarter-pool-x7k2p-shared'/);
+  assert.match(r, /^for v in 'jumpstarter-pool-x7k2p-shared' 'jumpstarter-pool-x7k2p-disk'; do$/m);
+  assert.match(r, /^ +podman volume rm -f "\$v" >\/dev\/null$/m);
+  // the disk's image goes with its volume, under the same uid check, before it
+  assert.match(
+    r,
+    /rm -f '\/var\/lib\/qemu-ssh\.jumpstarter\.dev\/disks\/pool-x7k2p\.img'\n(.*\n){2} *podman volume rm/,
+  );
+  assert.match(r, /'\/var\/lib\/qemu-ssh\.jumpstarter\.dev\/disks\/\.pool-x7k2p\.img\.qsp-tmp\.'\*/);
   // a volume is removed only under our uid label: the uid asked for, or any uid of ours
-  assert.match(r, /^v_uid=.*\{\{index \.Labels "qemu-ssh\.jumpstarter\.dev\/uid"\}\}/m);
-  assert.match(r, /^if \[ -n "\$v_uid" \] && \{ \[ -z '0b7e6c1a' \] \|\| \[ "\$v_uid" = '0b7e6c1a' \]; \}; then$/m);
-  assert.match(removeScript("pool-x7k2p"), /^if \[ -n "\$v_uid" \] && \{ \[ -z '' \] \|\|/m);
+  assert.match(r, /^ *v_uid=.*\{\{index \.Labels "qemu-ssh\.jumpstarter\.dev\/uid"\}\}/m);
+  assert.match(r, /^ *if \[ -n "\$v_uid" \] && \{ \[ -z '0b7e6c1a' \] \|\| \[ "\$v_uid" = '0b7e6c1a' \]; \}; then$/m);
+  assert.match(removeScript("pool-x7k2p"), /^ *if \[ -n "\$v_uid" \] && \{ \[ -z '' \] \|\|/m);
   assert.match(r, /'\/etc\/jumpstarter\/exporters\/\.pool-x7k2p\.yaml\.qsp-tmp\.'\*/, "temp files are swept");
   assert.match(removeScript("pool-x7k2p"), /^check_owner '\/etc\/jumpstarter\/exporters\/pool-x7k2p\.yaml' ''$/m);
 });
@@ -279,6 +286,7 @@ qsp done
     exporter: { load: "loaded", active: "failed", sub: "failed" },
     containers: [{ name: "a-runtime", state: "running", uid: "u-a" }],
     volume: true,
+    diskVolume: false,
   });
   assert.deepEqual([b.namespace, b.files.map((f) => f.kind), b.runtime, b.volume], [
     "ns2",

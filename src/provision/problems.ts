@@ -14,6 +14,8 @@ const PROBLEM_RETRY_MS = 30_000;
 const REFUSAL_REASONS = new Map([
   ["kvm-missing", "KvmMissing"],
   ["podman-too-old", "PodmanTooOld"],
+  ["loop-missing", "LoopMissing"],
+  ["disk-shrink", "DiskShrinkRefused"],
 ]);
 
 /** The reason a failed apply is reported under, from its first error's code. */
