@@ -31,7 +31,13 @@ import {
 const net: LabNet = await privateLabNet(3);
 const isRoot = Deno.uid() === 0;
 
-const params: InstanceParams = { ...seedParams, host: { name: "h1", user: "root", port: 22 } };
+// a small /disk, so that filling it up is quick
+const DISK_MIB = 64;
+const params: InstanceParams = {
+  ...seedParams,
+  host: { name: "h1", user: "root", port: 22 },
+  diskBytes: DISK_MIB << 20,
+};
 
 function instance(ns: string, name: string, uid: string, over: Partial<Instance> = {}): Instance {
   return {
@@ -165,6 +171,63 @@ Deno.test({
       }
       const pull = await hostExec(host, `podman pull --policy always ${params.images.exporter.image}`);
       assert.notEqual(pull.code, 0, "the lab host reaches no registry");
+    });
+
+    await t.step(
+      "/disk: one sized volume both containers mount, the exporter's to write, full at its size",
+      async () => {
+        const disk = renderInstance(a).disk;
+        // the stand-ins' contract: the exporter flashed into its /disk and the runtime read the flash from its own
+        assert.match(await journal(host, "pool-a1-exporter"), /token=<set> disk=ok$/m);
+        assert.match(await journal(host, "pool-a1-runtime"), /jumpstarter-exec: disk ok/);
+        for (const c of ["pool-a1-runtime", "pool-a1-exporter"]) {
+          const mounts = await sh(host, `podman inspect -f '{{range .Mounts}}{{.Name}}:{{.Destination}} {{end}}' ${c}`);
+          assert.match(mounts, new RegExp(`(^| )${disk.volume}:/disk `), c);
+        }
+        const mp = (await sh(host, `podman volume inspect -f '{{.Mountpoint}}' ${disk.volume}`)).trim();
+        const [source, fstype, size] = (await sh(host, `findmnt -n -b -o SOURCE,FSTYPE,SIZE ${mp}`)).trim().split(
+          /\s+/,
+        );
+        assert.match(source, /^\/dev\/loop[0-9]+$/);
+        assert.equal(fstype, "ext4");
+        // ext4's own metadata (journal, inode tables) takes a little of the image
+        assert.ok(Number(size) <= DISK_MIB << 20 && Number(size) > (DISK_MIB - 8) << 20, size);
+        assert.equal(await sh(host, `stat -c '%U %s' ${disk.image}`), `root ${DISK_MIB << 20}\n`);
+        assert.ok(Number(await sh(host, `du -k ${disk.image} | cut -f1`)) < 8 * 1024, "sparse: only metadata written");
+        // the size holds for the exporter's uid: writing past it fails with ENOSPC
+        const fill = await hostExec(
+          host,
+          `setpriv --reuid 65532 --regid 65532 --clear-groups dd if=/dev/zero of=${mp}/fill bs=1M count=${
+            DISK_MIB + 8
+          }`,
+        );
+        assert.notEqual(fill.code, 0);
+        assert.match(fill.stderr, /No space left on device/);
+        await sh(host, `rm ${mp}/fill`);
+      },
+    );
+
+    await t.step("/disk grows online while the instance runs; a smaller size is refused", async () => {
+      const before = await started(host, "pool-a1-runtime");
+      const mp = (await sh(host, `podman volume inspect -f '{{.Mountpoint}}' jumpstarter-pool-a1-disk`)).trim();
+      const grown = { ...a, params: { ...params, diskBytes: (2 * DISK_MIB) << 20 } };
+      const report = await apply(host, renderInstance(grown));
+      assertApplied(report);
+      assert.equal(report.disk, "grown");
+      assert.deepEqual(report.restarted, []);
+      assert.equal(await started(host, "pool-a1-runtime"), before, "QEMU keeps running");
+      const size = Number((await sh(host, `findmnt -n -b -o SIZE ${mp}`)).trim());
+      assert.ok(size > (2 * DISK_MIB - 8) << 20, String(size));
+
+      const shrunk = await apply(host, renderInstance(a));
+      assert.equal(shrunk.ok, false);
+      assert.deepEqual(shrunk.errors.map((e) => e.code), ["disk-shrink"]);
+      assert.match(
+        shrunk.errors[0].message,
+        /holds 128 MiB, more than the 64 MiB that storage\.size plus storage\.fsOverhead/,
+      );
+      assert.deepEqual(shrunk.changed, [], "refused before anything is written");
+      assert.equal(await started(host, "pool-a1-runtime"), before);
     });
 
     await t.step(
@@ -467,6 +530,11 @@ Deno.test({
         assert.ok(report.ok, JSON.stringify(report.errors));
         assert.equal(report.reloaded, true);
         assert.ok(report.removed.some((r) => r.kind === "volume"));
+        // the disk's image before its volume
+        assert.deepEqual(report.removed.filter((r) => r.name.includes("-disk") || r.name.endsWith(".img")), [
+          { kind: "file", name: `/var/lib/qemu-ssh.jumpstarter.dev/disks/${name}.img` },
+          { kind: "volume", name: `jumpstarter-${name}-disk` },
+        ], name);
       }
       const again = await runScript(host, removeScript("pool-a1"));
       assert.equal(again.code, 0);
@@ -476,6 +544,8 @@ Deno.test({
       assert.equal(await sh(host, "systemctl list-units --all --no-legend 'pool-*'"), "");
       assert.equal(await sh(host, "podman ps -a --format '{{.Names}}'"), "");
       assert.equal(await sh(host, "podman volume ls -q"), "");
+      assert.equal(await sh(host, "ls -A /var/lib/qemu-ssh.jumpstarter.dev/disks"), "");
+      assert.equal(await sh(host, "findmnt -n -o SOURCE | grep '^/dev/loop' || true"), "", "no /disk left mounted");
       assert.equal(
         await sh(
           host,
