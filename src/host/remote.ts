@@ -6,7 +6,7 @@
  * Output protocol: every line meant for us starts with `qsp `; anything else (stray tool output) is ignored.
  *   qsp changed PATH                       a file or link was (re)written
  *   qsp volume-created VOLUME
- *   qsp disk-created IMAGE BYTES | qsp disk-grown IMAGE BYTES    the /disk volume's file system image
+ *   qsp disk-created IMAGE BYTES | qsp disk-grown IMAGE BYTES | qsp disk-grow-pending IMAGE   /disk's image
  *   qsp reloaded                           systemctl daemon-reload ran
  *   qsp restarted UNIT | qsp hup UNIT | qsp started UNIT
  *   qsp exited UNIT                        the exporter ended by itself (lease over) and was left stopped
@@ -324,6 +324,22 @@ fi
 quiet() {
   out=$("$@" 2>&1) || { printf '%s\n' "$out" >&2; return 1; }
 }
+grow_disk() {
+  # the loop device of a just unmounted image may take a moment to be released
+  i=0
+  while [ -n "$(losetup -j "$IMG" -n -O NAME)" ]; do
+    if [ "$i" -ge 50 ]; then
+      echo "$IMG is still attached to a loop device: not growing a mounted file system" >&2
+      return 1
+    fi
+    sleep 0.1
+    i=$((i + 1))
+  done
+  truncate -s ${r.disk.bytes} "$IMG"
+  quiet e2fsck -f -p "$IMG"
+  quiet resize2fs "$IMG"
+  say disk-grown "$IMG" ${r.disk.bytes}
+}
 if [ ! -f "$IMG" ]; then
   mkdir -p ${q(DISK_DIR)}
   tmp=$(mktemp "\${IMG%/*}/.\${IMG##*/}.qsp-tmp.XXXXXX")
@@ -334,19 +350,10 @@ if [ ! -f "$IMG" ]; then
   tmp=
   say disk-created "$IMG" ${r.disk.bytes}
 elif [ "$(stat -c %s "$IMG")" -lt ${r.disk.bytes} ]; then
-  # grown in place: online through the loop device while mounted, else offline with the units held down, so that
-  # no restart mounts it half-resized
-  dev=$(losetup -j "$IMG" -n -O NAME | head -n 1)
-  if [ -z "$dev" ]; then systemctl stop "$EX" "$RT" 2>/dev/null || true; fi
-  truncate -s ${r.disk.bytes} "$IMG"
-  if [ -n "$dev" ]; then
-    losetup -c "$dev"
-    quiet resize2fs "$dev"
-  else
-    quiet e2fsck -f -p "$IMG"
-    quiet resize2fs "$IMG"
-  fi
-  say disk-grown "$IMG" ${r.disk.bytes}
+  # Grown offline, while no container has it mounted: now if none runs, else between the stop and the start of the
+  # restart that the new size brings (it is in the runtime quadlet; deferred while leased). Online resizing would
+  # need CAP_SYS_RESOURCE, which containers (the sandbox's lab hosts among them) often lack.
+  if [ -z "$(losetup -j "$IMG" -n -O NAME)" ]; then grow_disk; else say disk-grow-pending "$IMG"; fi
 fi
 
 step=daemon-reload
@@ -424,9 +431,18 @@ else
   rm -f "$PENDING"
 fi
 if [ -n "$restart" ]; then
-  # one transaction, so the exporter (BindsTo the runtime) restarts once, after the runtime
-  # shellcheck disable=SC2086
-  systemctl restart $restart
+  # one transaction, so the exporter (BindsTo the runtime) restarts once, after the runtime; with /disk to grow, a
+  # stop and a start with the offline resize in between
+  if [ "$(stat -c %s "$IMG")" -lt ${r.disk.bytes} ]; then
+    # shellcheck disable=SC2086
+    systemctl stop $restart
+    grow_disk
+    # shellcheck disable=SC2086
+    systemctl start $restart
+  else
+    # shellcheck disable=SC2086
+    systemctl restart $restart
+  fi
   for u in $restart; do say restarted "$u"; done
 fi
 
@@ -703,8 +719,8 @@ export interface ApplyReport {
   ok: boolean;
   changed: string[];
   volumeCreated: boolean;
-  /** The /disk volume's image was made, or grown to a larger storage.size. */
-  disk?: "created" | "grown";
+  /** The /disk volume's image was made, grown to a larger size, or is to grow at the restart a lease defers. */
+  disk?: "created" | "grown" | "grow-pending";
   reloaded: boolean;
   restarted: string[];
   hupped: string[];
@@ -824,6 +840,7 @@ export function parseApplyOutput(stdout: string, stderr: string, exitCode: numbe
     else if (kind === "volume-created") report.volumeCreated = true;
     else if (kind === "disk-created") report.disk = "created";
     else if (kind === "disk-grown") report.disk = "grown";
+    else if (kind === "disk-grow-pending") report.disk = "grow-pending";
     else if (kind === "reloaded") report.reloaded = true;
     else if (kind === "restarted") report.restarted.push(a);
     else if (kind === "hup") report.hupped.push(a);

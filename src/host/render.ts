@@ -375,6 +375,9 @@ function renderRuntime(inst: Instance, header: string[]): string {
       ...commonContainerKeys(inst, "runtime"),
       // the image says USER 65532; QEMU needs root for devices, as upstream runs it
       ["User", "0"],
+      // the /disk size is part of the instance's definition: a larger one restarts it (deferred while leased), and
+      // the apply grows the file system offline between the stop and the start
+      ["Label", `${PROVISIONER}/disk-bytes=${inst.params.diskBytes}`],
       [
         "Environment",
         `JUMPSTARTER_EXEC_LOG_FIELDS=component=exporter,exporter=${inst.name},namespace=${inst.namespace}`,
