@@ -197,7 +197,8 @@ Deno.test({
         // the size holds for the exporter's uid: writing past it fails with ENOSPC
         const fill = await hostExec(
           host,
-          `setpriv --reuid 65532 --regid 65532 --clear-groups dd if=/dev/zero of=${mp}/fill bs=1M count=${
+          // from inside the mount point: the way there (/var/lib/containers) is root's alone
+          `cd ${mp} && setpriv --reuid 65532 --regid 65532 --clear-groups dd if=/dev/zero of=fill bs=1M count=${
             DISK_MIB + 8
           }`,
         );
