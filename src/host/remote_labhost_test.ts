@@ -249,7 +249,7 @@ Deno.test({
     );
 
     await t.step(
-      "upstream's image contract: without the staged launcher or a readable config, nothing runs",
+      "upstream's image contract: without the staged launcher, a readable config or a shared /disk, nothing runs",
       async () => {
         // the contract as deployed: root runtime running the staged launcher, exporter as 65532 reading its own config
         assert.match(await journal(host, "pool-a1-runtime"), /jumpstarter-exec: starting pid=\d+ uid=0 /);
@@ -277,7 +277,21 @@ Deno.test({
         const unreadable = broken("pool-c2", "cccccccc-0000-4000-8000-000000000002", (r) => {
           r.files.find((f) => f.secret)!.owner = 0;
         });
-        for (const r of [noStaging, unreadable]) {
+        // upstream main's /disk: missing in the exporter, or not the runtime's, the flash cannot reach QEMU
+        const exporterDisk = (r: RenderedInstance, mount: string) => {
+          const ex = r.files.find((f) => f.path.endsWith("-exporter.container"))!;
+          ex.content = ex.content.replace(
+            /^Volume=jumpstarter-.*-disk:\/disk:z\n/m,
+            `${mount}Environment=STANDIN_RETRY=2s\n`,
+          );
+        };
+        const noDisk = broken("pool-c3", "cccccccc-0000-4000-8000-000000000005", (r) => exporterDisk(r, ""));
+        const ownDisk = broken(
+          "pool-c4",
+          "cccccccc-0000-4000-8000-000000000006",
+          (r) => exporterDisk(r, "Tmpfs=/disk:mode=1777\n"),
+        );
+        for (const r of [noStaging, unreadable, noDisk, ownDisk]) {
           const report = await apply(host, r, { settleSeconds: 8 });
           assert.ok(report.ok, JSON.stringify(report.errors));
           // Not asserted on the report: a container that fails at once is "active" for the moment between its start
@@ -292,13 +306,19 @@ Deno.test({
           "the exporter to fail on its config",
           async () => /config error: .*permission denied/.test(await journal(host, "pool-c2-exporter")),
         );
-        for (const unit of ["pool-c1-runtime", "pool-c2-exporter"]) {
+        for (const [name, why] of [["pool-c3", "unwritable"], ["pool-c4", "unshared"]]) {
+          await pollUntil(
+            `${name}'s exporter to fail on its /disk`,
+            async () => (await journal(host, `${name}-exporter`)).includes(`standin-exporter: error: disk=${why}`),
+          );
+        }
+        for (const unit of ["pool-c1-runtime", "pool-c2-exporter", "pool-c3-exporter", "pool-c4-exporter"]) {
           await pollUntil(`${unit} to be restarted by systemd after failing (it does not stay up)`, async () => {
             const n = await sh(host, `systemctl show -p NRestarts --value ${unit}.service`);
             return Number(n.trim()) > 0;
           });
         }
-        for (const r of [noStaging, unreadable]) {
+        for (const r of [noStaging, unreadable, noDisk, ownDisk]) {
           const out = await runScript(host, removeScript(r.name));
           assert.ok(parseRemoveOutput(out.stdout, out.stderr, out.code).ok, out.stdout + out.stderr);
         }
