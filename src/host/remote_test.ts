@@ -255,6 +255,8 @@ qsp container a a-runtime running u-a
 qsp container d d-exporter exited u-d
 qsp volume jumpstarter-a-shared
 qsp volume jumpstarter-e-shared
+qsp volume jumpstarter-a-disk u-a ns1
+qsp volume jumpstarter-f-disk u-f ns3
 qsp done
 `;
   const h = parseInspectOutput(out, "", 0);
@@ -264,8 +266,8 @@ qsp done
   assert.equal(h.generator, "/usr/lib/systemd/system-generators/podman-system-generator");
   assert.equal(h.kvm, true);
   assert.deepEqual(h.diskFreeKiB, { "/etc": 1048576, "/var/lib/containers": 2097152 });
-  assert.deepEqual(h.instances.map((i) => i.name), ["a", "b", "c", "d", "e"]);
-  const [a, b, c, d, e] = h.instances;
+  assert.deepEqual(h.instances.map((i) => i.name), ["a", "b", "c", "d", "e", "f"]);
+  const [a, b, c, d, e, f] = h.instances;
   assert.deepEqual(a, {
     name: "a",
     namespace: "ns1",
@@ -286,7 +288,7 @@ qsp done
     exporter: { load: "loaded", active: "failed", sub: "failed" },
     containers: [{ name: "a-runtime", state: "running", uid: "u-a" }],
     volume: true,
-    diskVolume: false,
+    diskVolume: true,
   });
   assert.deepEqual([b.namespace, b.files.map((f) => f.kind), b.runtime, b.volume], [
     "ns2",
@@ -297,6 +299,8 @@ qsp done
   assert.equal(c.ownerMismatch, true);
   assert.deepEqual([d.uid, d.files, d.containers[0].state], ["u-d", [], "exited"], "a container without files");
   assert.deepEqual([e.uid, e.files, e.volume], [undefined, [], true], "a volume without files");
+  // a /disk volume left alone names its owner by its labels, so the sweep can judge it
+  assert.deepEqual([f.uid, f.namespace, f.files, f.volume, f.diskVolume], ["u-f", "ns3", [], false, true]);
 
   const noPodman = parseInspectOutput(
     "qsp podman \nqsp systemd 252\nqsp generator none\nqsp kvm no\nqsp done\n",
