@@ -138,7 +138,7 @@ host_start() { # NAME
         set -e
         mount -t overlay overlay -o "lowerdir=$2/etc-extra:/etc,upperdir=$1/etc-upper,workdir=$1/etc-work" /etc
         mount --bind "$1/run" /run
-        # the /disk volumes' images (src/host/render.ts DISK_DIR): each host its own, never the machine's /var
+        # the images of the /disk volumes (src/host/render.ts DISK_DIR): each host has its own, not the machine /var
         mkdir -p /var/lib/qemu-ssh.jumpstarter.dev/disks
         mount --bind "$1/disks" /var/lib/qemu-ssh.jumpstarter.dev/disks
         mount --bind "$2/bin" /usr/local/sbin
