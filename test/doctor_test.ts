@@ -72,7 +72,8 @@ Deno.test({
     assert.match(r.check("podman")[0], /podman [5-9]\./);
     assert.match(r.check("quadlet")[0], /generator \//);
     assert.equal(r.check("image").length, 2, "both default images are there");
-    assert.equal(r.check("disk").length, 2, "/etc and /var/lib/containers");
+    assert.equal(r.check("disk").length, 3, "/etc, /var/lib/containers and where the /disk images live");
+    assert.match(r.check("disk")[2], /\/var\/lib\/qemu-ssh\.jumpstarter\.dev\/disks: [0-9.]+ GiB free/);
     assert.match(
       r.lines.at(-1)!,
       new RegExp(`^verdict: root@${escape(h.address)}:22 is ready for qemu-ssh.jumpstarter.dev`),

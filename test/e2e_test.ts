@@ -210,6 +210,11 @@ Deno.test({
       });
       assert.equal(await w.controller.sweep(), 0, "the sweep leaves a retained instance alone");
       assert.equal(await unitStates(w.host, name), "active active", "still running on the host");
+      // and so is its /disk, the guest's disks on it
+      await hostExec(w.host, `podman volume exists jumpstarter-${name}-disk`).then((r) => assert.equal(r.code, 0));
+      await hostExec(w.host, `test -f /var/lib/qemu-ssh.jumpstarter.dev/disks/${name}.img`).then((r) =>
+        assert.equal(r.code, 0)
+      );
       const retained = (await events(w)).find((e) => e.reason === "Retained");
       assert.match(retained?.message ?? "", new RegExp(`${name} keeps running on root@${SEED_HOST}:22`));
     } finally {
@@ -217,7 +222,7 @@ Deno.test({
       if (name) {
         await hostExec(
           w.host,
-          `systemctl stop ${name}-exporter ${name}-runtime; rm -rf /etc/containers/systemd/${name}-* /etc/jumpstarter/exporters/${name}*; podman rm -f ${name}-exporter ${name}-runtime; podman volume rm -f jumpstarter-${name}-shared; systemctl daemon-reload`,
+          `systemctl stop ${name}-exporter ${name}-runtime; rm -rf /etc/containers/systemd/${name}-* /etc/jumpstarter/exporters/${name}*; podman rm -f ${name}-exporter ${name}-runtime; podman volume rm -f jumpstarter-${name}-shared jumpstarter-${name}-disk; rm -f /var/lib/qemu-ssh.jumpstarter.dev/disks/${name}.img; systemctl daemon-reload`,
         );
       }
     }

@@ -207,11 +207,12 @@ export async function containerIdentity(host: LabHost, name: string): Promise<st
   )).trim();
 }
 
-/** Whether any trace of the instance is on the host: files, containers, volume, units. */
+/** Whether any trace of the instance is on the host: files, the /disk image, containers, volumes, units. */
 export async function hostHas(host: LabHost, name: string): Promise<boolean> {
   const r = await hostExec(
     host,
-    `ls /etc/containers/systemd/ /etc/jumpstarter/exporters/ 2>/dev/null | grep -c ${name} || true; ` +
+    `ls /etc/containers/systemd/ /etc/jumpstarter/exporters/ /var/lib/qemu-ssh.jumpstarter.dev/disks/ 2>/dev/null | ` +
+      `grep -c ${name} || true; ` +
       `podman ps -a --format '{{.Names}}' | grep -c ${name} || true; ` +
       `podman volume ls -q | grep -c ${name} || true; ` +
       `systemctl list-units --all --no-legend '${name}-*' | grep -c . || true`,

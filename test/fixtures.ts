@@ -10,6 +10,8 @@ export const seedParams: InstanceParams = {
   cpu: 4,
   memory: "4Gi",
   storage: "16Gi",
+  // 16Gi plus the default 10%
+  diskBytes: 18023 * 2 ** 20,
   images: {
     exporter: { image: "quay.io/jumpstarter-dev/jumpstarter:latest", pullPolicy: "IfNotPresent" },
     runtime: { image: "quay.io/jumpstarter-dev/virtual/qemu-runtime:latest", pullPolicy: "IfNotPresent" },

@@ -11,7 +11,13 @@ import type { ExporterSet, Secret, VirtualTargetClass } from "../api/types.ts";
 import { isNotFound, KubeClient } from "../kube/client.ts";
 import { EXPORTER_SETS, SECRETS, VIRTUAL_TARGET_CLASSES } from "../kube/resources.ts";
 import { DEFAULT_IMAGES, fieldErrorLine } from "../provision/params.ts";
-import type { ImageChoice } from "../host/instance_params.ts";
+import {
+  DEFAULT_FS_OVERHEAD,
+  DEFAULT_STORAGE_SIZE,
+  diskVolumeBytes,
+  type ImageChoice,
+} from "../host/instance_params.ts";
+import { DISK_DIR } from "../host/render.ts";
 import { PINNED_HOST_KEYS_SECRET } from "../provision/credentials.ts";
 import { setTarget, targetString } from "../provision/targets.ts";
 import { fingerprint, lookup } from "../host/known_hosts.ts";
@@ -258,6 +264,8 @@ interface Subject {
   images: ImageChoice[];
   /** Host device paths of runtime.devices. */
   devices: string[];
+  /** Bytes of one instance's /disk volume: the class and set's, else upstream's default. */
+  diskBytes: number;
   /** What becomes of a host key known_hosts does not have, when the policy accepts it. */
   newKey: string;
 }
@@ -305,6 +313,7 @@ async function directSubject(f: HostFlags, report: Report): Promise<Subject | un
       { image: DEFAULT_IMAGES.runtime, pullPolicy: "IfNotPresent" },
     ],
     devices: [],
+    diskBytes: diskVolumeBytes(DEFAULT_STORAGE_SIZE, DEFAULT_FS_OVERHEAD),
     newKey: "is not in known_hosts; accepted for this check (--accept-new)",
   };
 }
@@ -407,6 +416,7 @@ async function clusterSubject(f: ClusterFlags, report: Report): Promise<Subject 
     kvm: params.runtime.kvm,
     images: [params.images.exporter, params.images.runtime],
     devices: params.runtime.devices.map((d) => d.split(":")[0]),
+    diskBytes: params.diskBytes,
     newKey: `is new: run will pin it in Secret ${ns}/${PINNED_HOST_KEYS_SECRET} when it first connects`,
   };
 }
@@ -662,17 +672,22 @@ function reportInspection(s: Subject, h: HostInspection, probe: string[][], repo
       );}
   }
 
-  for (const dir of ["/etc", "/var/lib/containers"]) {
+  for (const dir of ["/etc", "/var/lib/containers", DISK_DIR]) {
     const kib = h.diskFreeKiB[dir];
-    const gib = `${(kib / 2 ** 20).toFixed(1)} GiB`;
+    const gib = (k: number) => `${(k / 2 ** 20).toFixed(1)} GiB`;
+    // /disk images are sparse: they take what the guests write, up to their size, which one instance must find
+    const need = dir === DISK_DIR ? Math.max(LOW_DISK_KIB, s.diskBytes / 1024) : LOW_DISK_KIB;
     if (kib === undefined) report.add("warn", "disk", `${dir}: free space unknown (df failed)`);
-    else if (kib < LOW_DISK_KIB) {
+    else if (kib < need) {
       report.add(
         "warn",
         "disk",
-        `${dir}: only ${gib} free`,
+        dir === DISK_DIR
+          ? `${dir}: only ${gib(kib)} free, less than one instance's /disk of ${gib(need)} (storage.size plus ` +
+            "storage.fsOverhead): a guest that fills its disk fails with ENOSPC before /disk is full"
+          : `${dir}: only ${gib(kib)} free`,
         "images and the QEMU disks need room: free some (podman system prune) or grow the file system",
       );
-    } else report.add("ok", "disk", `${dir}: ${gib} free`);
+    } else report.add("ok", "disk", `${dir}: ${gib(kib)} free`);
   }
 }

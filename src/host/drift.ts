@@ -26,6 +26,7 @@ export function drift(r: RenderedInstance, found: InspectedInstance | undefined)
   ]];
   for (const [unit, s] of units) if (s?.active !== "active") out.push(`${unit} is ${s ? s.active : "not loaded"}`);
   if (!found.volume) out.push(`volume ${r.volume} is missing`);
+  if (!found.diskVolume) out.push(`volume ${r.disk.volume} is missing`);
   return out;
 }
 

@@ -8,6 +8,7 @@ const rendered: RenderedInstance = {
   namespace: "lab",
   uid: "u-a",
   volume: "jumpstarter-a-shared",
+  disk: { volume: "jumpstarter-a-disk", image: "/d/a.img", bytes: 2 ** 30 },
   files: [
     { path: "/c/a.d/a.yaml", content: "config", mode: 0o600, owner: 65532, secret: true, links: ["/c/a.yaml"] },
     { path: "/q/a-runtime.container", content: "runtime", mode: 0o644, owner: 0, secret: false, links: [] },
@@ -30,6 +31,7 @@ const inSync = (): InspectedInstance => ({
   exporter: active,
   containers: [],
   volume: true,
+  diskVolume: true,
 });
 
 Deno.test("drift: none when files, modes, units and volume are as rendered", () => {
@@ -44,6 +46,7 @@ Deno.test("drift: names each file, mode, unit and volume that differs", () => {
   found.exporter = { load: "loaded", active: "failed", sub: "failed" };
   found.runtime = undefined;
   found.volume = false;
+  found.diskVolume = false;
   assert.deepEqual(drift(rendered, found), [
     "/c/a.d/a.yaml was changed",
     "/c/a.yaml is missing",
@@ -51,6 +54,7 @@ Deno.test("drift: names each file, mode, unit and volume that differs", () => {
     "a-runtime.service is not loaded",
     "a-exporter.service is failed",
     "volume jumpstarter-a-shared is missing",
+    "volume jumpstarter-a-disk is missing",
   ]);
   assert.deepEqual(drift(rendered, undefined), ["not on the host"]);
 });

@@ -165,5 +165,6 @@ function inspected(i: FakeInstance): InspectedInstance {
     exporter: unit(i.exporter === "active" ? "active" : "inactive"),
     containers: [],
     volume: true,
+    diskVolume: true,
   };
 }

@@ -18,7 +18,10 @@ export interface InstanceParams {
   arch?: string;
   cpu?: number;
   memory?: string;
+  /** storage.size as stated: the QEMU driver's disk_size. Absent: the driver's own default. */
   storage?: string;
+  /** Bytes of the instance's /disk volume: storage.size (default 10Gi) plus storage.fsOverhead (default 10%). */
+  diskBytes: number;
   images: { exporter: ImageChoice; runtime: ImageChoice };
 }
 
@@ -42,6 +45,31 @@ const UNIT_BYTES: Record<string, number> = {
 export function quantityBytes(q: string): number | undefined {
   const m = QUANTITY_RE.exec(q);
   return m ? Number(m[1]) * UNIT_BYTES[m[2] ?? ""] : undefined;
+}
+
+/** Upstream's defaults for the /disk volume (PR #928, `parameters.storage`). */
+export const DEFAULT_STORAGE_SIZE = "10Gi";
+export const DEFAULT_FS_OVERHEAD = "10%";
+
+const PERCENT_RE = /^([0-9]{1,3}(?:\.[0-9]{1,3})?)%$/;
+
+/**
+ * `storage.fsOverhead` in bytes: a percentage of the size ("10%", "2.5%", at most 100%) or a quantity ("1Gi", "0"),
+ * as upstream adds it to the volume. Undefined when it is neither.
+ */
+export function overheadBytes(overhead: string, sizeBytes: number): number | undefined {
+  const pct = PERCENT_RE.exec(overhead);
+  if (pct) return Number(pct[1]) <= 100 ? Math.ceil(sizeBytes * Number(pct[1]) / 100) : undefined;
+  return quantityBytes(overhead);
+}
+
+/**
+ * The /disk volume's size: size plus overhead, rounded up to whole MiB (the file system image is made in blocks).
+ * Assumes values that passed validation.
+ */
+export function diskVolumeBytes(size: string, overhead: string): number {
+  const bytes = quantityBytes(size)!;
+  return Math.ceil((bytes + overheadBytes(overhead, bytes)!) / 2 ** 20) * 2 ** 20;
 }
 
 /**

@@ -6,6 +6,7 @@
  * Output protocol: every line meant for us starts with `qsp `; anything else (stray tool output) is ignored.
  *   qsp changed PATH                       a file or link was (re)written
  *   qsp volume-created VOLUME
+ *   qsp disk-created IMAGE BYTES | qsp disk-grown IMAGE BYTES | qsp disk-grow-pending IMAGE   /disk's image
  *   qsp reloaded                           systemctl daemon-reload ran
  *   qsp restarted UNIT | qsp hup UNIT | qsp started UNIT
  *   qsp exited UNIT                        the exporter ended by itself (lease over) and was left stopped
@@ -27,6 +28,9 @@ import {
   CONFIG_DIR,
   configMountDir,
   configPath,
+  DISK_DIR,
+  diskImagePath,
+  diskVolumeName,
   EXPORTER_UID,
   OWNER_PREFIX,
   QUADLET_DIR,
@@ -202,6 +206,8 @@ RT=${q(r.units.runtime)}
 EX=${q(r.units.exporter)}
 RTQ=${q(rtQuadlet)}
 EXQ=${q(exQuadlet)}
+DISK=${q(r.disk.volume)}
+IMG=${q(r.disk.image)}
 # units left running an older definition by a deferred restart; in /run, as a reboot starts them anew anyway
 PENDING=${q(pendingPath(r.uid))}
 # PATH MODE OWNER SHA256 BASE64: atomic replace (temp file in the same directory, synced, renamed) unless already equal
@@ -247,9 +253,20 @@ outdated() {
 }
 
 step=preflight
-for c in podman systemctl base64 sha256sum mktemp stat; do
+for c in podman systemctl base64 sha256sum mktemp stat truncate mkfs.ext4 resize2fs e2fsck losetup; do
   command -v "$c" >/dev/null 2>&1 || err "missing-tool $c is not installed on this host"
 done
+# podman loop-mounts the /disk volume's image at the first start
+if [ ! -c /dev/loop-control ]; then
+  err "loop-missing /dev/loop-control is not present on this host: load the loop module (modprobe loop)"
+fi
+if [ -f "$IMG" ] && [ "$(stat -c %s "$IMG")" -gt ${r.disk.bytes} ]; then
+  err "disk-shrink $IMG holds $(($(stat -c %s "$IMG") / 1048576)) MiB, more than the ${
+    r.disk.bytes / 2 ** 20
+  } MiB that storage.size plus \\
+storage.fsOverhead now ask for, and a file system with the guest's disks on it is not shrunk: set them back to at \\
+least that much, or replace the instance to start over with an empty /disk"
+fi
 refuse_if_errors
 ${FACTS_SH}
 say facts "$facts"
@@ -290,6 +307,52 @@ if ! podman volume exists ${q(r.volume)}; then
 fi
 mp=$(podman volume inspect --format '{{.Mountpoint}}' ${q(r.volume)})
 if [ "$(stat -c %u:%g "$mp")" != ${EXPORTER_UID}:${EXPORTER_UID} ]; then chown ${EXPORTER_UID}:${EXPORTER_UID} "$mp"; fi
+
+step=disk
+# /disk holds at most its size: an ext4 file system in a sparse file, which podman loop-mounts (mount -o loop) when
+# the first container starts and unmounts after the last one stops. The volume first, so an image never lacks the
+# labels that name its owner. The root directory is the exporter's, as for the shared volume.
+if ! podman volume exists "$DISK"; then
+  podman volume create --label ${q(`jumpstarter.dev/exporter=${r.name}`)} --label ${q(`${PROVISIONER}/uid=${r.uid}`)} \
+    --label ${q(`jumpstarter.dev/namespace=${r.namespace}`)} --opt type=ext4 --opt device="$IMG" --opt o=loop \
+    "$DISK" >/dev/null
+  say volume-created "$DISK"
+fi
+# COMMAND...: its output only when it fails
+quiet() {
+  out=$("$@" 2>&1) || { printf '%s\n' "$out" >&2; return 1; }
+}
+grow_disk() {
+  # the loop device of a just unmounted image may take a moment to be released
+  i=0
+  while [ -n "$(losetup -j "$IMG" -n -O NAME)" ]; do
+    if [ "$i" -ge 50 ]; then
+      echo "$IMG is still attached to a loop device: not growing a mounted file system" >&2
+      return 1
+    fi
+    sleep 0.1
+    i=$((i + 1))
+  done
+  truncate -s ${r.disk.bytes} "$IMG"
+  quiet e2fsck -f -p "$IMG"
+  quiet resize2fs "$IMG"
+  say disk-grown "$IMG" ${r.disk.bytes}
+}
+if [ ! -f "$IMG" ]; then
+  mkdir -p ${q(DISK_DIR)}
+  tmp=$(mktemp "\${IMG%/*}/.\${IMG##*/}.qsp-tmp.XXXXXX")
+  truncate -s ${r.disk.bytes} "$tmp"
+  # lazy init: a sparse file reads as zeros, so nothing needs writing; no reserved blocks, the guest gets it all
+  quiet mkfs.ext4 -F -q -m 0 -E root_owner=${EXPORTER_UID}:${EXPORTER_UID},lazy_itable_init=1,lazy_journal_init=1 "$tmp"
+  mv -f "$tmp" "$IMG"
+  tmp=
+  say disk-created "$IMG" ${r.disk.bytes}
+elif [ "$(stat -c %s "$IMG")" -lt ${r.disk.bytes} ]; then
+  # Grown offline, while no container has it mounted: now if none runs, else between the stop and the start of the
+  # restart that the new size brings (it is in the runtime quadlet; deferred while leased). Online resizing would
+  # need CAP_SYS_RESOURCE, which containers (the sandbox's lab hosts among them) often lack.
+  if [ -z "$(losetup -j "$IMG" -n -O NAME)" ]; then grow_disk; else say disk-grow-pending "$IMG"; fi
+fi
 
 step=daemon-reload
 # Reload when a quadlet changed, and when systemd has not caught up with one (an earlier apply died before it).
@@ -366,9 +429,18 @@ else
   rm -f "$PENDING"
 fi
 if [ -n "$restart" ]; then
-  # one transaction, so the exporter (BindsTo the runtime) restarts once, after the runtime
-  # shellcheck disable=SC2086
-  systemctl restart $restart
+  # one transaction, so the exporter (BindsTo the runtime) restarts once, after the runtime; with /disk to grow, a
+  # stop and a start with the offline resize in between
+  if [ "$(stat -c %s "$IMG")" -lt ${r.disk.bytes} ]; then
+    # shellcheck disable=SC2086
+    systemctl stop $restart
+    grow_disk
+    # shellcheck disable=SC2086
+    systemctl start $restart
+  else
+    # shellcheck disable=SC2086
+    systemctl restart $restart
+  fi
   for u in $restart; do say restarted "$u"; done
 fi
 
@@ -524,15 +596,25 @@ fi
 ${opts.uid ? `rm -f ${q(pendingPath(opts.uid))}` : "# no uid: no restart-pending marker to name"}
 
 step=volume
-# by name alone it may be anyone's: only under our uid label (the uid asked for, or any of ours without one); empty
-# when there is no such volume
-v_uid=$(podman volume inspect --format '{{index .Labels "${PROVISIONER}/uid"}}' ${
-    q(volumeName(name))
-  } 2>/dev/null || true)
-if [ -n "$v_uid" ] && { [ -z ${q(opts.uid ?? "")} ] || [ "$v_uid" = ${q(opts.uid ?? "")} ]; }; then
-  podman volume rm -f ${q(volumeName(name))} >/dev/null
-  gone volume ${q(volumeName(name))}
-fi
+for f in ${q(tempGlob(diskImagePath(name)))}*; do
+  if [ -e "$f" ]; then
+    rm -f "$f"
+    gone file "$f"
+  fi
+done
+# by name alone a volume may be anyone's: only under our uid label (the uid asked for, or any of ours without one).
+# The disk's image goes before its volume, so that an interrupted remove leaves the volume that names the owner.
+for v in ${q(volumeName(name))} ${q(diskVolumeName(name))}; do
+  v_uid=$(podman volume inspect --format '{{index .Labels "${PROVISIONER}/uid"}}' "$v" 2>/dev/null || true)
+  if [ -n "$v_uid" ] && { [ -z ${q(opts.uid ?? "")} ] || [ "$v_uid" = ${q(opts.uid ?? "")} ]; }; then
+    if [ "$v" = ${q(diskVolumeName(name))} ] && [ -e ${q(diskImagePath(name))} ]; then
+      rm -f ${q(diskImagePath(name))}
+      gone file ${q(diskImagePath(name))}
+    fi
+    podman volume rm -f "$v" >/dev/null
+    gone volume "$v"
+  fi
+done
 
 step=daemon-reload
 if [ "$quadlet_gone" = 1 ]; then
@@ -567,7 +649,7 @@ done
 say generator "$g"
 
 step=disk
-for d in /etc /var/lib/containers; do
+for d in /etc /var/lib/containers ${q(DISK_DIR)}; do
   p=$d
   while [ -n "$p" ] && [ ! -e "$p" ]; do p=\${p%/*}; done
   say disk "$d" "$(df -Pk "\${p:-/}" | awk 'NR == 2 { print $4 }')"
@@ -613,7 +695,7 @@ podman ps -a --filter label=${PROVISIONER}/role \\
 step=volumes
 podman volume ls --format '{{.Name}} {{index .Labels "${PROVISIONER}/uid"}} {{index .Labels "jumpstarter.dev/namespace"}}' |
   while read -r v u n; do
-    case "$v" in jumpstarter-*-shared) say volume "$v" "$u" "$n" ;; esac
+    case "$v" in jumpstarter-*-shared | jumpstarter-*-disk) say volume "$v" "$u" "$n" ;; esac
   done
 say "done"
 `;
@@ -631,6 +713,8 @@ export type ErrorCode =
   | "facts-changed"
   | "kvm-missing"
   | "kvm-denied"
+  | "loop-missing"
+  | "disk-shrink"
   | "device-missing"
   | "step-failed"
   | "incomplete"
@@ -651,6 +735,8 @@ export interface ApplyReport {
   ok: boolean;
   changed: string[];
   volumeCreated: boolean;
+  /** The /disk volume's image was made, grown to a larger size, or is to grow at the restart a lease defers. */
+  disk?: "created" | "grown" | "grow-pending";
   reloaded: boolean;
   restarted: string[];
   hupped: string[];
@@ -693,7 +779,10 @@ export interface InspectedInstance {
   runtime?: { load: string; active: string; sub: string };
   exporter?: { load: string; active: string; sub: string };
   containers: { name: string; state: string; uid: string }[];
+  /** The shared volume exists. */
   volume: boolean;
+  /** The /disk volume exists. */
+  diskVolume: boolean;
 }
 
 export interface InspectedFile {
@@ -709,7 +798,7 @@ export interface HostInspection {
   facts?: HostFacts;
   systemdVersion?: number;
   generator?: string;
-  /** Free space in KiB by the path asked about (/etc, /var/lib/containers). */
+  /** Free space in KiB by the path asked about (/etc, /var/lib/containers, DISK_DIR). */
   diskFreeKiB: Record<string, number>;
   instances: InspectedInstance[];
   errors: ScriptError[];
@@ -767,6 +856,9 @@ export function parseApplyOutput(stdout: string, stderr: string, exitCode: numbe
   for (const [kind, a, ...rest] of lines) {
     if (kind === "changed") report.changed.push(a);
     else if (kind === "volume-created") report.volumeCreated = true;
+    else if (kind === "disk-created") report.disk = "created";
+    else if (kind === "disk-grown") report.disk = "grown";
+    else if (kind === "disk-grow-pending") report.disk = "grow-pending";
     else if (kind === "reloaded") report.reloaded = true;
     else if (kind === "restarted") report.restarted.push(a);
     else if (kind === "hup") report.hupped.push(a);
@@ -803,7 +895,7 @@ export function parseInspectOutput(stdout: string, stderr: string, exitCode: num
   const instance = (name: string) => {
     let i = byName.get(name);
     if (!i) {
-      i = { name, files: [], ownerMismatch: false, containers: [], volume: false };
+      i = { name, files: [], ownerMismatch: false, containers: [], volume: false, diskVolume: false };
       byName.set(name, i);
     }
     return i;
@@ -830,8 +922,10 @@ export function parseInspectOutput(stdout: string, stderr: string, exitCode: num
     else if (kind === "unit") units[w[0]] = { load: w[1], active: w[2], sub: w[3] };
     else if (kind === "container") instance(w[0]).containers.push({ name: w[1], state: w[2], uid: w[3] });
     else if (kind === "volume") {
-      const i = instance(w[0].replace(/^jumpstarter-/, "").replace(/-shared$/, ""));
-      i.volume = true;
+      const disk = w[0].endsWith("-disk");
+      const i = instance(w[0].replace(/^jumpstarter-/, "").replace(/-(shared|disk)$/, ""));
+      if (disk) i.diskVolume = true;
+      else i.volume = true;
       if (i.uid === undefined && w[1]) Object.assign(i, { uid: w[1], namespace: w[2] || undefined });
     }
   }

@@ -37,7 +37,13 @@ const VARIANTS: { suffix: string; net: LabNet; podman: string }[] = [
 ];
 const isRoot = Deno.uid() === 0;
 
-const params: InstanceParams = { ...seedParams, host: { name: "h1", user: "root", port: 22 } };
+// a small /disk, so that filling it up is quick
+const DISK_MIB = 64;
+const params: InstanceParams = {
+  ...seedParams,
+  host: { name: "h1", user: "root", port: 22 },
+  diskBytes: DISK_MIB << 20,
+};
 
 function instance(ns: string, name: string, uid: string, over: Partial<Instance> = {}): Instance {
   return {
@@ -186,7 +192,88 @@ for (const { suffix, net, podman } of VARIANTS) {
       });
 
       await t.step(
-        "upstream's image contract: without the staged launcher or a readable config, nothing runs",
+        "/disk: one sized volume both containers mount, the exporter's to write, full at its size",
+        async () => {
+          const disk = render(a).disk;
+          // the stand-ins' contract: the exporter flashed into its /disk and the runtime read the flash from its own
+          assert.match(await journal(host, "pool-a1-exporter"), /token=<set> disk=ok$/m);
+          assert.match(await journal(host, "pool-a1-runtime"), /jumpstarter-exec: disk ok/);
+          for (const c of ["pool-a1-runtime", "pool-a1-exporter"]) {
+            const mounts = await sh(
+              host,
+              `podman inspect -f '{{range .Mounts}}{{.Name}}:{{.Destination}} {{end}}' ${c}`,
+            );
+            assert.match(mounts, new RegExp(`(^| )${disk.volume}:/disk `), c);
+          }
+          const mp = (await sh(host, `podman volume inspect -f '{{.Mountpoint}}' ${disk.volume}`)).trim();
+          const [source, fstype, size] = (await sh(host, `findmnt -n -b -o SOURCE,FSTYPE,SIZE ${mp}`)).trim().split(
+            /\s+/,
+          );
+          assert.match(source, /^\/dev\/loop[0-9]+$/);
+          assert.equal(fstype, "ext4");
+          // ext4's own metadata (journal, inode tables) takes a little of the image
+          assert.ok(Number(size) <= DISK_MIB << 20 && Number(size) > (3 * DISK_MIB / 4) << 20, size);
+          assert.equal(await sh(host, `stat -c '%U %s' ${disk.image}`), `root ${DISK_MIB << 20}\n`);
+          assert.ok(
+            Number(await sh(host, `du -k ${disk.image} | cut -f1`)) < 8 * 1024,
+            "sparse: only metadata written",
+          );
+          // the size holds for the exporter's uid: writing past it fails with ENOSPC
+          const fill = await hostExec(
+            host,
+            // from inside the mount point: the way there (/var/lib/containers) is root's alone
+            `cd ${mp} && setpriv --reuid 65532 --regid 65532 --clear-groups dd if=/dev/zero of=fill bs=1M count=${
+              DISK_MIB + 8
+            }`,
+          );
+          assert.notEqual(fill.code, 0);
+          assert.match(fill.stderr, /No space left on device/);
+          await sh(host, `rm ${mp}/fill`);
+        },
+      );
+
+      await t.step(
+        "/disk grows at the restart a larger size brings, deferred while leased; smaller is refused",
+        async () => {
+          const before = await started(host, "pool-a1-runtime");
+          const mp = (await sh(host, `podman volume inspect -f '{{.Mountpoint}}' jumpstarter-pool-a1-disk`)).trim();
+          const grown = render({ ...a, params: { ...params, diskBytes: (2 * DISK_MIB) << 20 } });
+          const leased = await apply(host, grown, { deferRestart: true });
+          assertApplied(leased);
+          assert.equal(leased.disk, "grow-pending");
+          assert.deepEqual(leased.pending, ["pool-a1-runtime.service", "pool-a1-exporter.service"]);
+          assert.equal(await started(host, "pool-a1-runtime"), before, "QEMU keeps running while leased");
+
+          const healthy = () => journal(host, "pool-a1-exporter").then((j) => count(j, HEALTHY));
+          let seen = await healthy();
+          const report = await apply(host, grown);
+          assertApplied(report);
+          assert.equal(report.disk, "grown");
+          assert.deepEqual(report.restarted, ["pool-a1-runtime.service", "pool-a1-exporter.service"]);
+          await waitHealthy(host, "pool-a1", seen);
+          const size = Number((await sh(host, `findmnt -n -b -o SIZE ${mp}`)).trim());
+          assert.ok(size > (3 * DISK_MIB / 2) << 20, String(size));
+          const after = await started(host, "pool-a1-runtime");
+
+          const shrunk = await apply(host, render(a));
+          assert.equal(shrunk.ok, false);
+          assert.deepEqual(shrunk.errors.map((e) => e.code), ["disk-shrink"]);
+          assert.match(
+            shrunk.errors[0].message,
+            /holds 128 MiB, more than the 64 MiB that storage\.size plus storage\.fsOverhead/,
+          );
+          assert.deepEqual(shrunk.changed, [], "refused before anything is written");
+          assert.equal(await started(host, "pool-a1-runtime"), after);
+          // back to the size the later steps expect: a fresh /disk
+          seen = await healthy();
+          await runScript(host, removeScript("pool-a1"));
+          assertApplied(await apply(host, render(a)));
+          await waitHealthy(host, "pool-a1", seen);
+        },
+      );
+
+      await t.step(
+        "upstream's image contract: without the staged launcher, a readable config or a shared /disk, nothing runs",
         async () => {
           // the contract as deployed: root runtime running the staged launcher, exporter as 65532 reading its own config
           assert.match(await journal(host, "pool-a1-runtime"), /jumpstarter-exec: starting pid=\d+ uid=0 /);
@@ -214,7 +301,21 @@ for (const { suffix, net, podman } of VARIANTS) {
           const unreadable = broken("pool-c2", "cccccccc-0000-4000-8000-000000000002", (r) => {
             r.files.find((f) => f.secret)!.owner = 0;
           });
-          for (const r of [noStaging, unreadable]) {
+          // upstream main's /disk: missing in the exporter, or not the runtime's, the flash cannot reach QEMU
+          const exporterDisk = (r: RenderedInstance, mount: string) => {
+            const ex = r.files.find((f) => f.path.endsWith("-exporter.container"))!;
+            ex.content = ex.content.replace(
+              /^Volume=jumpstarter-.*-disk:\/disk:z\n/m,
+              `${mount}Environment=STANDIN_RETRY=2s\n`,
+            );
+          };
+          const noDisk = broken("pool-c3", "cccccccc-0000-4000-8000-000000000005", (r) => exporterDisk(r, ""));
+          const ownDisk = broken(
+            "pool-c4",
+            "cccccccc-0000-4000-8000-000000000006",
+            (r) => exporterDisk(r, "Tmpfs=/disk:mode=1777\n"),
+          );
+          for (const r of [noStaging, unreadable, noDisk, ownDisk]) {
             const report = await apply(host, r, { settleSeconds: 8 });
             assert.ok(report.ok, JSON.stringify(report.errors));
             // Not asserted on the report: a container that fails at once is "active" for the moment between its start
@@ -229,13 +330,19 @@ for (const { suffix, net, podman } of VARIANTS) {
             "the exporter to fail on its config",
             async () => /config error: .*permission denied/.test(await journal(host, "pool-c2-exporter")),
           );
-          for (const unit of ["pool-c1-runtime", "pool-c2-exporter"]) {
+          for (const [name, why] of [["pool-c3", "unwritable"], ["pool-c4", "unshared"]]) {
+            await pollUntil(
+              `${name}'s exporter to fail on its /disk`,
+              async () => (await journal(host, `${name}-exporter`)).includes(`standin-exporter: error: disk=${why}`),
+            );
+          }
+          for (const unit of ["pool-c1-runtime", "pool-c2-exporter", "pool-c3-exporter", "pool-c4-exporter"]) {
             await pollUntil(`${unit} to be restarted by systemd after failing (it does not stay up)`, async () => {
               const n = await sh(host, `systemctl show -p NRestarts --value ${unit}.service`);
               return Number(n.trim()) > 0;
             });
           }
-          for (const r of [noStaging, unreadable]) {
+          for (const r of [noStaging, unreadable, noDisk, ownDisk]) {
             const out = await runScript(host, removeScript(r.name));
             assert.ok(parseRemoveOutput(out.stdout, out.stderr, out.code).ok, out.stdout + out.stderr);
           }
@@ -488,6 +595,11 @@ for (const { suffix, net, podman } of VARIANTS) {
           assert.ok(report.ok, JSON.stringify(report.errors));
           assert.equal(report.reloaded, true);
           assert.ok(report.removed.some((r) => r.kind === "volume"));
+          // the disk's image before its volume
+          assert.deepEqual(report.removed.filter((r) => r.name.includes("-disk") || r.name.endsWith(".img")), [
+            { kind: "file", name: `/var/lib/qemu-ssh.jumpstarter.dev/disks/${name}.img` },
+            { kind: "volume", name: `jumpstarter-${name}-disk` },
+          ], name);
         }
         const again = await runScript(host, removeScript("pool-a1"));
         assert.equal(again.code, 0);
@@ -497,6 +609,8 @@ for (const { suffix, net, podman } of VARIANTS) {
         assert.equal(await sh(host, "systemctl list-units --all --no-legend 'pool-*'"), "");
         assert.equal(await sh(host, "podman ps -a --format '{{.Names}}'"), "");
         assert.equal(await sh(host, "podman volume ls -q"), "");
+        assert.equal(await sh(host, "ls -A /var/lib/qemu-ssh.jumpstarter.dev/disks"), "");
+        assert.equal(await sh(host, "findmnt -n -o SOURCE | grep '^/dev/loop' || true"), "", "no /disk left mounted");
         assert.equal(
           await sh(
             host,

@@ -92,11 +92,18 @@ Deno.test("removeScript and inspectScript are valid sh; remove checks the owner 
   await assertParses(removeScript("pool-x7k2p"));
   await assertParses(inspectScript());
   assert.match(r, /^check_owner '\/etc\/containers\/systemd\/pool-x7k2p-runtime\.container' '0b7e6c1a'$/m);
-  assert.match(r, /podman volume rm -f 'jumpstarter-pool-x7k2p-shared'/);
+  assert.match(r, /^for v in 'jumpstarter-pool-x7k2p-shared' 'jumpstarter-pool-x7k2p-disk'; do$/m);
+  assert.match(r, /^ +podman volume rm -f "\$v" >\/dev\/null$/m);
+  // the disk's image goes with its volume, under the same uid check, before it
+  assert.match(
+    r,
+    /rm -f '\/var\/lib\/qemu-ssh\.jumpstarter\.dev\/disks\/pool-x7k2p\.img'\n(.*\n){2} *podman volume rm/,
+  );
+  assert.match(r, /'\/var\/lib\/qemu-ssh\.jumpstarter\.dev\/disks\/\.pool-x7k2p\.img\.qsp-tmp\.'\*/);
   // a volume is removed only under our uid label: the uid asked for, or any uid of ours
-  assert.match(r, /^v_uid=.*\{\{index \.Labels "qemu-ssh\.jumpstarter\.dev\/uid"\}\}/m);
-  assert.match(r, /^if \[ -n "\$v_uid" \] && \{ \[ -z '0b7e6c1a' \] \|\| \[ "\$v_uid" = '0b7e6c1a' \]; \}; then$/m);
-  assert.match(removeScript("pool-x7k2p"), /^if \[ -n "\$v_uid" \] && \{ \[ -z '' \] \|\|/m);
+  assert.match(r, /^ *v_uid=.*\{\{index \.Labels "qemu-ssh\.jumpstarter\.dev\/uid"\}\}/m);
+  assert.match(r, /^ *if \[ -n "\$v_uid" \] && \{ \[ -z '0b7e6c1a' \] \|\| \[ "\$v_uid" = '0b7e6c1a' \]; \}; then$/m);
+  assert.match(removeScript("pool-x7k2p"), /^ *if \[ -n "\$v_uid" \] && \{ \[ -z '' \] \|\|/m);
   assert.match(r, /'\/etc\/jumpstarter\/exporters\/\.pool-x7k2p\.yaml\.qsp-tmp\.'\*/, "temp files are swept");
   assert.match(removeScript("pool-x7k2p"), /^check_owner '\/etc\/jumpstarter\/exporters\/pool-x7k2p\.yaml' ''$/m);
 });
@@ -248,6 +255,8 @@ qsp container a a-runtime running u-a
 qsp container d d-exporter exited u-d
 qsp volume jumpstarter-a-shared
 qsp volume jumpstarter-e-shared
+qsp volume jumpstarter-a-disk u-a ns1
+qsp volume jumpstarter-f-disk u-f ns3
 qsp done
 `;
   const h = parseInspectOutput(out, "", 0);
@@ -256,8 +265,8 @@ qsp done
   assert.equal(h.systemdVersion, 257);
   assert.equal(h.generator, "/usr/lib/systemd/system-generators/podman-system-generator");
   assert.deepEqual(h.diskFreeKiB, { "/etc": 1048576, "/var/lib/containers": 2097152 });
-  assert.deepEqual(h.instances.map((i) => i.name), ["a", "b", "c", "d", "e"]);
-  const [a, b, c, d, e] = h.instances;
+  assert.deepEqual(h.instances.map((i) => i.name), ["a", "b", "c", "d", "e", "f"]);
+  const [a, b, c, d, e, f] = h.instances;
   assert.deepEqual(a, {
     name: "a",
     namespace: "ns1",
@@ -278,6 +287,7 @@ qsp done
     exporter: { load: "loaded", active: "failed", sub: "failed" },
     containers: [{ name: "a-runtime", state: "running", uid: "u-a" }],
     volume: true,
+    diskVolume: true,
   });
   assert.deepEqual([b.namespace, b.files.map((f) => f.kind), b.runtime, b.volume], [
     "ns2",
@@ -288,6 +298,8 @@ qsp done
   assert.equal(c.ownerMismatch, true);
   assert.deepEqual([d.uid, d.files, d.containers[0].state], ["u-d", [], "exited"], "a container without files");
   assert.deepEqual([e.uid, e.files, e.volume], [undefined, [], true], "a volume without files");
+  // a /disk volume left alone names its owner by its labels, so the sweep can judge it
+  assert.deepEqual([f.uid, f.namespace, f.files, f.volume, f.diskVolume], ["u-f", "ns3", [], false, true]);
 
   const noPodman = parseInspectOutput(
     "qsp facts podman= kvm=none\nqsp systemd 252\nqsp generator none\nqsp done\n",

@@ -82,6 +82,8 @@ export interface RenderedInstance {
   uid: string;
   /** The volume shared by both containers: "jumpstarter-<name>-shared". */
   volume: string;
+  /** The guest's disks, mounted at /disk in both containers: a volume backed by a file system image of this size. */
+  disk: { volume: string; image: string; bytes: number };
   files: RenderedFile[];
   /** Service names. */
   units: { runtime: string; exporter: string };
@@ -125,6 +127,15 @@ export const configPath = (name: string) => `${CONFIG_DIR}/${name}.yaml`;
 export const configMountDir = (name: string) => `${CONFIG_DIR}/${name}.d`;
 export const quadletPath = (unit: string) => `${QUADLET_DIR}/${unit}.container`;
 export const volumeName = (name: string) => `jumpstarter-${name}-shared`;
+/**
+ * Upstream main's (#928) QEMU driver keeps root, bios and OVMF partitions in /disk in launcher mode, and QEMU opens
+ * them in the runtime: both containers mount the same volume there, as the in-cluster pod does.
+ */
+export const DISK_MOUNT = "/disk";
+export const diskVolumeName = (name: string) => `jumpstarter-${name}-disk`;
+/** Where the /disk volumes' file system images live on the host (doctor checks its free space). */
+export const DISK_DIR = `/var/lib/${PROVISIONER}/disks`;
+export const diskImagePath = (name: string) => `${DISK_DIR}/${name}.img`;
 /** The one-shot container that stages the launcher; --rm removes it, the remove script any a crash left. */
 export const stageContainer = (name: string) => `${name}-stage`;
 
@@ -204,6 +215,7 @@ export function renderInstance(inst: Instance, facts?: HostFacts): RenderedInsta
     namespace: inst.namespace,
     uid: inst.uid,
     volume: volumeName(inst.name),
+    disk: { volume: diskVolumeName(inst.name), image: diskImagePath(inst.name), bytes: inst.params.diskBytes },
     // The config's real home is the mounted directory: a replacement is created there, so on SELinux hosts it
     // inherits the label podman gave that directory, and the top-level name follows as a link.
     files: [
@@ -350,6 +362,7 @@ function commonContainerKeys(inst: Instance, role: ImageRole, d: QuadletDialect)
     ["Label", `${PROVISIONER}/role=${role}`],
     // `z`: both containers share the volume, so on SELinux hosts it needs the shared label, not a private one
     ["Volume", `${volumeName(inst.name)}:/shared:z`],
+    ["Volume", `${diskVolumeName(inst.name)}:${DISK_MOUNT}:z`],
   ];
   // Both containers get /dev/kvm: QEMU runs in the runtime, but the driver in the exporter checks /dev/kvm to decide
   // on KVM acceleration. `-`: start even if it is missing; the apply script checks for it when KVM is required. A
@@ -381,6 +394,9 @@ function renderRuntime(inst: Instance, header: string[], d: QuadletDialect): str
       ...commonContainerKeys(inst, "runtime", d),
       // the image says USER 65532; QEMU needs root for devices, as upstream runs it
       ["User", "0"],
+      // the /disk size is part of the instance's definition: a larger one restarts it (deferred while leased), and
+      // the apply grows the file system offline between the stop and the start
+      ["Label", `${PROVISIONER}/disk-bytes=${inst.params.diskBytes}`],
       [
         "Environment",
         `JUMPSTARTER_EXEC_LOG_FIELDS=component=exporter,exporter=${inst.name},namespace=${inst.namespace}`,

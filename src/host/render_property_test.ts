@@ -205,6 +205,7 @@ function checkQuadlet(r: RenderedInstance, inst: Instance, role: "runtime" | "ex
     `qemu-ssh.jumpstarter.dev/exporterset=${inst.setName}`,
     `qemu-ssh.jumpstarter.dev/uid=${inst.uid}`,
     `qemu-ssh.jumpstarter.dev/role=${role}`,
+    ...(role === "runtime" ? [`qemu-ssh.jumpstarter.dev/disk-bytes=${inst.params.diskBytes}`] : []),
   ]);
   if (role === "exporter") {
     assert.deepEqual(all("Exec"), [`jmp run --exporter-config ${CONFIG_DIR}/${inst.name}.yaml`]);

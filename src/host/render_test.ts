@@ -52,6 +52,11 @@ Deno.test("the seed's example renders upstream's enriched ExporterConfig", () =>
     "uid=0b7e6c1a-5f7d-4a8e-9c39-2f1d7e0a6b11",
   ]);
   assert.equal(r.volume, "jumpstarter-aarch64-ssh-pool-x7k2p-shared");
+  assert.deepEqual(r.disk, {
+    volume: "jumpstarter-aarch64-ssh-pool-x7k2p-disk",
+    image: "/var/lib/qemu-ssh.jumpstarter.dev/disks/aarch64-ssh-pool-x7k2p.img",
+    bytes: 18023 * 2 ** 20,
+  });
   assert.equal(r.uid, "0b7e6c1a-5f7d-4a8e-9c39-2f1d7e0a6b11");
   assert.deepEqual(r.units, {
     runtime: "aarch64-ssh-pool-x7k2p-runtime.service",
@@ -179,6 +184,8 @@ Deno.test("quadlets: ownership, images, shared volume and netns, kvm to both, at
     for (
       const l of [
         `Volume=jumpstarter-${n}-shared:/shared:z`,
+        // upstream main's driver keeps the guest's disks in /disk, where QEMU in the runtime opens them
+        `Volume=jumpstarter-${n}-disk:/disk:z`,
         "AddDevice=-/dev/kvm",
         "AddDevice=/dev/ttyUSB0",
         "AddDevice=/dev/bus/usb/001/002:/dev/usb0",

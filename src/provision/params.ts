@@ -7,7 +7,16 @@
 import { isIPv4, isIPv6 } from "node:net";
 import type { DriverSpec, ExporterSet, VirtualTargetClass } from "../api/types.ts";
 import type { HostKeyPolicy } from "../host/ssh.ts";
-import { type ImageChoice, type InstanceParams, QEMU_DRIVER_TYPE, quantityBytes } from "../host/instance_params.ts";
+import {
+  DEFAULT_FS_OVERHEAD,
+  DEFAULT_STORAGE_SIZE,
+  diskVolumeBytes,
+  type ImageChoice,
+  type InstanceParams,
+  overheadBytes,
+  QEMU_DRIVER_TYPE,
+  quantityBytes,
+} from "../host/instance_params.ts";
 
 export interface FieldError {
   object: "VirtualTargetClass" | "ExporterSet";
@@ -87,7 +96,7 @@ const KNOWN: Record<string, Record<string, true> | true> = {
   runtime: { kvm: true, devices: true, host_network: true },
   arch: true,
   resources: { cpu: true, memory: true },
-  storage: { size: true },
+  storage: { size: true, fsOverhead: true },
 };
 
 const typeName = (v: unknown) => v === null ? "null" : Array.isArray(v) ? "list" : typeof v;
@@ -225,6 +234,7 @@ export function resolveParams(cls: VirtualTargetClass, set: ExporterSet): Resolv
   const cpu = int(["resources", "cpu"], 1, 1024);
   const memory = str(["resources", "memory"], (s) => checkQuantity(s, MAX_MEMORY, "4Ti"));
   const storage = str(["storage", "size"], (s) => checkQuantity(s, MAX_STORAGE, "64Ti"));
+  const overhead = str(["storage", "fsOverhead"], checkOverhead);
 
   const images = {
     exporter: resolveImage("exporter", cls, set, clsRef, setRef, errors),
@@ -236,6 +246,7 @@ export function resolveParams(cls: VirtualTargetClass, set: ExporterSet): Resolv
   const params: InstanceParams = {
     host: { name: hostName, user, port },
     runtime: { kvm, devices },
+    diskBytes: diskVolumeBytes(storage ?? DEFAULT_STORAGE_SIZE, overhead ?? DEFAULT_FS_OVERHEAD),
     images,
   };
   if (hostKeyPolicy) params.hostKeyPolicy = hostKeyPolicy;
@@ -290,6 +301,22 @@ function checkQuantity(s: string, max: number, maxText: string): string | undefi
     return `${JSON.stringify(s)} is less than 1Mi: did you forget the suffix, e.g. ${JSON.stringify(`${s}Gi`)}?`;
   }
   if (bytes > max) return `${JSON.stringify(s)} is more than the maximum of ${maxText}`;
+  return undefined;
+}
+
+function checkOverhead(s: string): string | undefined {
+  const bytes = overheadBytes(s, MAX_STORAGE);
+  if (bytes === undefined) {
+    return `${JSON.stringify(s)} is neither a percentage of storage.size (e.g. "10%", at most "100%") nor a ` +
+      `quantity added to it (e.g. "1Gi")`;
+  }
+  if (s.endsWith("%")) return undefined;
+  if (bytes > MAX_STORAGE) return `${JSON.stringify(s)} is more than the maximum of 64Ti`;
+  if (bytes > 0 && bytes < MIN_SIZE) {
+    return `${JSON.stringify(s)} is less than 1Mi: did you mean ${JSON.stringify(`${s}%`)} or ${
+      JSON.stringify(`${s}Gi`)
+    }?`;
+  }
   return undefined;
 }
 

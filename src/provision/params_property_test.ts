@@ -12,7 +12,14 @@ import assert from "node:assert/strict";
 import fc from "fast-check";
 import type { DriverSpec, ExporterSet, VirtualTargetClass } from "../api/types.ts";
 import { DEFAULT_IMAGES, KNOWN_ARCHES, mergeParameters, resolveParams } from "./params.ts";
-import { type InstanceParams, QEMU_DRIVER_TYPE, qemuQuantity } from "../host/instance_params.ts";
+import {
+  DEFAULT_FS_OVERHEAD,
+  DEFAULT_STORAGE_SIZE,
+  diskVolumeBytes,
+  type InstanceParams,
+  QEMU_DRIVER_TYPE,
+  qemuQuantity,
+} from "../host/instance_params.ts";
 
 // ---------------------------------------------------------------- running properties
 
@@ -324,6 +331,12 @@ export const validQuantity = (max: number) =>
   fc.constantFrom(...SIZE_UNITS).chain(([unit, size]) =>
     fc.bigInt({ min: BigInt(Math.ceil(2 ** 20 / size)), max: BigInt(Math.floor(max / size)) }).map((n) => `${n}${unit}`)
   );
+/** storage.fsOverhead: a percentage up to 100% (with up to three decimals), or a quantity, zero included. */
+export const validOverhead = fc.oneof(
+  fc.integer({ min: 0, max: 100_000 }).map((m) => `${m / 1000}%`),
+  fc.constant("0"),
+  validQuantity(MAX_STORAGE),
+);
 const refComponent = fc.stringMatching(/^[a-z0-9]{1,8}((\.|_|__|-{1,2})[a-z0-9]{1,8}){0,2}$/);
 export const validImage: fc.Arbitrary<string> = fc.tuple(
   fc.option(
@@ -344,7 +357,7 @@ const SECTIONS = {
   host: ["name", "user", "port"],
   runtime: ["kvm", "devices", "host_network"],
   resources: ["cpu", "memory"],
-  storage: ["size"],
+  storage: ["size", "fsOverhead"],
 } as const;
 export const KNOWN_TOP = [...Object.keys(SECTIONS), "arch"];
 
@@ -379,7 +392,7 @@ function anyParamValues(): Record<string, Record<string, fc.Arbitrary<unknown>>>
       cpu: intField(fc.integer({ min: 1, max: 1024 })),
       memory: strField(validQuantity(MAX_MEMORY)),
     },
-    storage: { size: strField(validQuantity(MAX_STORAGE)) },
+    storage: { size: strField(validQuantity(MAX_STORAGE)), fsOverhead: strField(validOverhead) },
   };
 }
 
@@ -601,7 +614,7 @@ const validSections = {
     ),
   },
   resources: { cpu: fc.integer({ min: 1, max: 1024 }), memory: validQuantity(MAX_MEMORY) },
-  storage: { size: validQuantity(MAX_STORAGE) },
+  storage: { size: validQuantity(MAX_STORAGE), fsOverhead: validOverhead },
 };
 
 const validParameters: fc.Arbitrary<Record<string, unknown>> = fc.tuple(
@@ -675,6 +688,10 @@ export function expectedParams(p: Pair): InstanceParams {
     cpu: get("resources", "cpu"),
     memory: get("resources", "memory"),
     storage: get("storage", "size"),
+    diskBytes: diskVolumeBytes(
+      (get("storage", "size") as string | undefined) ?? DEFAULT_STORAGE_SIZE,
+      (get("storage", "fsOverhead") as string | undefined) ?? DEFAULT_FS_OVERHEAD,
+    ),
     images: { exporter: image("exporter"), runtime: image("runtime") },
   };
   return JSON.parse(JSON.stringify(out));

@@ -2,7 +2,7 @@ import assert from "node:assert/strict";
 import { seedParams } from "../../test/fixtures.ts";
 import type { ExporterSet, VirtualTargetClass } from "../api/types.ts";
 import { type FieldError, mergeParameters, resolveParams } from "./params.ts";
-import { qemuQuantity } from "../host/instance_params.ts";
+import { diskVolumeBytes, overheadBytes, qemuQuantity } from "../host/instance_params.ts";
 
 /** The VirtualTargetClass and ExporterSet of the user's documentation, as written there. */
 function seedClass(): VirtualTargetClass {
@@ -174,7 +174,13 @@ Deno.test("each bad value names the object it came from, the field, and the fix"
     [{ resources: { memory: "4" } }, "resources.memory", /less than 1Mi: did you forget the suffix, e\.g\. "4Gi"/],
     [{ resources: { memory: "5Ti" } }, "resources.memory", /more than the maximum of 4Ti/],
     [{ storage: { size: "100Ti" } }, "storage.size", /more than the maximum of 64Ti/],
-    [{ storage: "16Gi" }, "storage", /expected a map with the keys size; got string/],
+    [{ storage: "16Gi" }, "storage", /expected a map with the keys size, fsOverhead; got string/],
+    [{ storage: { fsOverhead: 10 } }, "storage.fsOverhead", /expected a string, got number 10/],
+    [{ storage: { fsOverhead: "10" } }, "storage.fsOverhead", /less than 1Mi: did you mean "10%" or "10Gi"\?/],
+    [{ storage: { fsOverhead: "ten" } }, "storage.fsOverhead", /neither a percentage .* nor a quantity/],
+    [{ storage: { fsOverhead: "101%" } }, "storage.fsOverhead", /e\.g\. "10%", at most "100%"/],
+    [{ storage: { fsOverhead: "-5%" } }, "storage.fsOverhead", /neither a percentage/],
+    [{ storage: { fsOverhead: "100Ti" } }, "storage.fsOverhead", /more than the maximum of 64Ti/],
     [{ host: "lab-host-01" }, "host", /expected a map with the keys name, user, port; got string/],
   ];
   for (const [override, field, message] of cases) {
@@ -271,4 +277,27 @@ Deno.test("qemuQuantity: binary suffixes lose the i, decimal ones are converted 
   assert.equal(qemuQuantity("4G"), "3815M", "4e9 bytes, rounded up to whole MiB");
   assert.equal(qemuQuantity("512M"), "489M");
   assert.throws(() => qemuQuantity("lots"));
+});
+
+Deno.test("storage: /disk is storage.size plus storage.fsOverhead, set over class over upstream's 10Gi and 10%", () => {
+  const MiB = 2 ** 20;
+  const disk = (cls: Record<string, unknown>, set: Record<string, unknown>) => {
+    const r = resolveParams(withParams(seedClass(), { host: { name: "h" }, ...cls }), withParams(seedSet(), set));
+    assert.ok(r.ok, JSON.stringify(r));
+    return [r.params.storage, r.params.diskBytes / MiB];
+  };
+  assert.deepEqual(disk({}, {}), [undefined, 11264], "upstream's defaults; disk_size stays the driver's");
+  assert.deepEqual(disk({ storage: { size: "16Gi" } }, {}), ["16Gi", 18023], "16Gi + 10%, rounded up to MiB");
+  assert.deepEqual(disk({ storage: { size: "16Gi", fsOverhead: "1Gi" } }, {}), ["16Gi", 17 * 1024]);
+  assert.deepEqual(disk({ storage: { size: "16Gi", fsOverhead: "1Gi" } }, { storage: { fsOverhead: "0" } }), [
+    "16Gi",
+    16 * 1024,
+  ]);
+  assert.deepEqual(disk({ storage: { fsOverhead: "2.5%" } }, { storage: { size: "1G" } }), ["1G", 978]);
+  assert.equal(overheadBytes("100%", 5), 5);
+  assert.equal(overheadBytes("12.5%", 8), 1);
+  assert.equal(overheadBytes("100.5%", 8), undefined);
+  assert.equal(overheadBytes("1Mi", 8), MiB);
+  assert.equal(diskVolumeBytes("1Mi", "1"), 2 * MiB, "whole MiB, rounded up");
+  assert.equal(diskVolumeBytes("1000000", "0"), MiB);
 });

@@ -15,6 +15,8 @@ const REFUSAL_REASONS = new Map([
   ["kvm-missing", "KvmMissing"],
   ["kvm-denied", "KvmDenied"],
   ["podman-too-old", "PodmanTooOld"],
+  ["loop-missing", "LoopMissing"],
+  ["disk-shrink", "DiskShrinkRefused"],
 ]);
 
 /** The reason a failed apply is reported under, from its first error's code. */

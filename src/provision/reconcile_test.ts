@@ -561,7 +561,7 @@ Deno.test("sweep: removes instances whose Exporter is gone, keeps live and retai
 Deno.test("sweep: what it cannot prove ours stays, cluster-wide too: an unlabelled volume, an uid-less leftover", async () => {
   const w = new World();
   await w.deployed();
-  const bare = { files: [], ownerMismatch: false, containers: [], volume: true };
+  const bare = { files: [], ownerMismatch: false, containers: [], volume: true, diskVolume: true };
   w.hosts.strays.set(HOST, [
     { ...bare, name: "unlabelled" },
     { ...bare, name: "no-namespace", uid: "uid-gone" },

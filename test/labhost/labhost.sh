@@ -61,6 +61,8 @@ KEY=$LAB_DIR/keys/id_ed25519
 KNOWN_HOSTS=$LAB_DIR/known_hosts
 PKGS=systemd-sysv,dbus,openssh-server,sudo,podman,crun,conmon,netavark,aardvark-dns,nftables,catatonit
 PKGS+=,busybox-static,iproute2,procps
+# mkfs.ext4, resize2fs, e2fsck: the /disk volumes' file systems (minbase leaves e2fsprogs out since trixie)
+PKGS+=,e2fsprogs
 [ -n "$LAB_EXTRA_PKGS" ] && PKGS+=",$LAB_EXTRA_PKGS"
 STANDIN_SRC=$HERE/standin
 
@@ -290,7 +292,33 @@ WantedBy=multi-user.target
 EOF
     # minbase has no udev, which would otherwise own this group
     grep -q '^kvm:' "$R/etc/group" || chroot "$R" groupadd -r kvm
-    for u in labhost-images.service labhost-kvm.service; do
+    # A real host's udev makes /dev/loop-control and /dev/loopN; a container's /dev is its own tmpfs without them, so
+    # podman's loop mount of a /disk volume would fail ("failed to setup loop device"). Loop devices are the outer
+    # machine's (the kernel has one set): a mount takes a free one through /dev/loop-control and its autoclear gives
+    # it back at the unmount, also when the host dies with its mount namespace. The nodes follow loop's default
+    # numbering (minor N for loopN, max_part=0), enough for many hosts' instances side by side.
+    install -m755 /dev/stdin "$R"/usr/local/sbin/labhost-loop <<'EOF'
+#!/bin/sh
+set -eu
+[ -c /dev/loop-control ] || mknod -m 0660 /dev/loop-control c 10 237
+i=0
+while [ $i -lt 64 ]; do
+    [ -b /dev/loop$i ] || mknod -m 0660 /dev/loop$i b 7 $i
+    i=$((i + 1))
+done
+EOF
+    cat >"$R"/etc/systemd/system/labhost-loop.service <<'EOF'
+[Unit]
+Description=Loop device nodes (a container's /dev has none)
+Before=ssh.service
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/usr/local/sbin/labhost-loop
+[Install]
+WantedBy=multi-user.target
+EOF
+    for u in labhost-images.service labhost-kvm.service labhost-loop.service; do
         ln -sf "/etc/systemd/system/$u" "$R/etc/systemd/system/multi-user.target.wants/$u"
     done
 }

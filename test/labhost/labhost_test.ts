@@ -53,6 +53,12 @@ function quadlets(n: string): Record<string, string> {
     [`/etc/containers/systemd/${n}-shared.volume`]: `[Volume]
 VolumeName=${n}-shared
 `,
+    // upstream main's /disk: the exporter (65532) flashes into it, the runtime reads from it
+    [`/etc/containers/systemd/${n}-disk.volume`]: `[Volume]
+VolumeName=${n}-disk
+User=65532
+Group=65532
+`,
     // its own network namespace on podman's default bridge: every runtime can listen on 127.0.0.1:2222; upstream's
     // contract: run as root, with the launcher staged from the exporter image first
     [`/etc/containers/systemd/${n}-runtime.container`]: `[Unit]
@@ -63,6 +69,7 @@ ContainerName=${n}-runtime
 Network=bridge
 AddDevice=/dev/kvm
 Volume=${n}-shared.volume:/shared
+Volume=${n}-disk.volume:/disk
 User=0
 [Service]
 ExecStartPre=podman run --rm --user 0 --entrypoint cp -v ${n}-shared:/shared quay.io/jumpstarter-dev/jumpstarter:latest \\
@@ -78,6 +85,7 @@ ContainerName=${n}-exporter
 Network=${n}-runtime.container
 AddDevice=/dev/kvm
 Volume=${n}-shared.volume:/shared
+Volume=${n}-disk.volume:/disk
 Volume=/etc/jumpstarter/exporters/${n}.yaml:/etc/jumpstarter/exporters/${n}.yaml:ro
 User=65532
 Exec=jmp run --exporter-config /etc/jumpstarter/exporters/${n}.yaml
@@ -161,7 +169,7 @@ Deno.test({
           log,
           new RegExp(
             `standin-exporter: name=jumpstarter/${n} endpoint=grpc\\.jumpstarter\\.example:443 ` +
-              "launcher=ok tcp=ok kvm=present exitOnLeaseEnd=true token=<set>",
+              "launcher=ok tcp=ok kvm=present exitOnLeaseEnd=true token=<set> disk=ok",
           ),
         );
         assert.ok(!log.includes("test-secret"), "the token must never be logged");
@@ -185,7 +193,8 @@ Deno.test({
         return log.includes("SIGHUP, reloaded") && /launcher=ok tcp=ok kvm=present/.test(after);
       });
 
-      const units = names.flatMap((n) => [`${n}-exporter`, `${n}-runtime`, `${n}-shared-volume`]).join(" ");
+      const units = names.flatMap((n) => [`${n}-exporter`, `${n}-runtime`, `${n}-shared-volume`, `${n}-disk-volume`])
+        .join(" ");
       const tStop = performance.now();
       await sh(h1, `systemctl stop ${units}`);
       console.log(`stop ${ms(performance.now() - tStop)}`);
@@ -194,7 +203,7 @@ Deno.test({
       await sh(
         h1,
         `rm -f ${Object.keys(files).join(" ")} && systemctl daemon-reload && ` +
-          `podman volume rm ${names.map((n) => `${n}-shared`).join(" ")}`,
+          `podman volume rm ${names.flatMap((n) => [`${n}-shared`, `${n}-disk`]).join(" ")}`,
       );
       assert.equal((await sh(h1, "podman ps -a --format '{{.Names}}'")).trim(), "");
       assert.equal((await sh(h1, "podman volume ls -q")).trim(), "");

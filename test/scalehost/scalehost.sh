@@ -3,9 +3,9 @@
 #
 # A scale host is a real OpenSSH sshd (Debian's openssh-server, unpacked into the cache, not installed) bound to its
 # own address, in its own mount namespace, running the project's host scripts with the machine's own sh and
-# coreutils. systemd, Podman and journald are replaced by recording fakes (fakes/fake-systemctl, fake-podman,
-# fake-journalctl), installed as systemctl/podman/journalctl on the host's PATH, so a host costs a few MiB instead of
-# a booted system container.
+# coreutils. systemd, Podman, journald and mkfs.ext4 are replaced by recording fakes (fakes/fake-systemctl,
+# fake-podman, fake-journalctl, fake-mkfs.ext4), installed under those names on the host's PATH, so a host costs a
+# few MiB instead of a booted system container.
 #
 #   network:  one network namespace ($SCALE_NETNS) joined to this one by a veth pair ($SCALE_VETH <-> "eth0" inside);
 #             this side has $SCALE_NET.0.1/16, the namespace holds every host address as a /32. Traffic reaches only
@@ -15,6 +15,7 @@
 #                               over the machine's /etc, upper = the host's own dir, so /etc/containers/systemd,
 #                               /etc/jumpstarter/... and the fakes' generator dir are the host's alone
 #               /run            the host's own dir (sshd's privsep dir, fake-systemd/podman state, pending markers)
+#               /var/lib/qemu-ssh.jumpstarter.dev/disks  the host's own dir (the /disk volumes' sparse images)
 #               /usr/local/sbin the fakes (read-only), first on the scripts' PATH
 #             and sshd -f its config (ListenAddress = its address, ForceCommand = session-recorder, log to sshd.log).
 #   state:    one tmpfs at $SCALE_DIR/fs (hosts' upper dirs and /run), unmounted by `down`.
@@ -93,6 +94,7 @@ shared_init() {
     install -m755 "$HERE/fakes/fake-systemctl" "$SCALE_DIR/bin/systemctl"
     install -m755 "$HERE/fakes/fake-podman" "$SCALE_DIR/bin/podman"
     install -m755 "$HERE/fakes/fake-journalctl" "$SCALE_DIR/bin/journalctl"
+    install -m755 "$HERE/fakes/fake-mkfs.ext4" "$SCALE_DIR/bin/mkfs.ext4"
     install -m755 "$HERE/fakes/session-recorder" "$SCALE_DIR/bin/session-recorder"
     : >"$SCALE_DIR/known_hosts"
     : >"$SCALE_DIR/hosts.txt"
@@ -102,7 +104,7 @@ host_init() { # NAME ADDRESS
     local N=$1 IP=$2 H=$FS/$1
     mkdir -p "$H/etc-upper/containers/systemd" "$H/etc-upper/fake-systemd/generator" "$H/etc-work" \
         "$H/run/sshd" "$H/run/fake-systemd/units" "$H/run/fake-podman/volumes" "$H/run/fake-podman/containers" \
-        "$H/run/fake-host" "$SCALE_DIR/hostkeys"
+        "$H/run/fake-host" "$H/disks" "$SCALE_DIR/hostkeys"
     chmod 0755 "$H/run/sshd"
     : >"$H/run/fake-host/sessions"
     : >"$H/run/fake-systemd/calls"
@@ -136,6 +138,9 @@ host_start() { # NAME
         set -e
         mount -t overlay overlay -o "lowerdir=$2/etc-extra:/etc,upperdir=$1/etc-upper,workdir=$1/etc-work" /etc
         mount --bind "$1/run" /run
+        # the images of the /disk volumes (src/host/render.ts DISK_DIR): each host has its own, not the machine /var
+        mkdir -p /var/lib/qemu-ssh.jumpstarter.dev/disks
+        mount --bind "$1/disks" /var/lib/qemu-ssh.jumpstarter.dev/disks
         mount --bind "$2/bin" /usr/local/sbin
         mount -o remount,bind,ro /usr/local/sbin
         exec env "$4" "$3" -f "$1/sshd_config" -E "$1/sshd.log"

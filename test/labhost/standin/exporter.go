@@ -115,10 +115,10 @@ func loadConfig(path string) (*exporterConfig, error) {
 }
 
 type findings struct {
-	launcher, tcp, kvm string
+	launcher, tcp, disk, kvm string
 }
 
-func (f findings) ready() bool { return f.launcher == "ok" && f.tcp == "ok" }
+func (f findings) ready() bool { return f.launcher == "ok" && f.tcp == "ok" && f.disk == "ok" }
 
 // reporter runs one round of checks per (re)load; a newer round silences an older one still retrying.
 type reporter struct {
@@ -161,12 +161,12 @@ func (r *reporter) check(ctx context.Context, gen int, cfg *exporterConfig, path
 	lastWait := time.Time{}
 	var f findings
 	for {
-		f = findings{launcher: probeLauncher(sock), tcp: probeTCP(target), kvm: kvmState()}
+		f = findings{launcher: probeLauncher(sock), tcp: probeTCP(target), disk: probeDisk(sock), kvm: kvmState()}
 		if f.ready() || time.Now().After(deadline) {
 			break
 		}
 		if time.Since(lastWait) >= 10*time.Second {
-			logf("standin-exporter: waiting launcher=%s tcp=%s", f.launcher, f.tcp)
+			logf("standin-exporter: waiting launcher=%s tcp=%s disk=%s", f.launcher, f.tcp, f.disk)
 			lastWait = time.Now()
 		}
 		select {
@@ -178,13 +178,18 @@ func (r *reporter) check(ctx context.Context, gen int, cfg *exporterConfig, path
 	if ctx.Err() != nil || !r.current(gen) {
 		return
 	}
+	// A flash that QEMU cannot reach leaves the exporter useless: fail like a broken deployment, not quietly.
+	if f.launcher == "ok" && f.disk != "ok" {
+		logf("standin-exporter: error: disk=%s", f.disk)
+		os.Exit(1)
+	}
 	token := "<missing>"
 	if cfg.Token != "" {
 		token = "<set>"
 	}
-	logf("standin-exporter: name=%s/%s endpoint=%s launcher=%s tcp=%s kvm=%s exitOnLeaseEnd=%t token=%s",
+	logf("standin-exporter: name=%s/%s endpoint=%s launcher=%s tcp=%s kvm=%s exitOnLeaseEnd=%t token=%s disk=%s",
 		orUnset(cfg.Metadata.Namespace), orUnset(cfg.Metadata.Name), orUnset(cfg.Endpoint),
-		f.launcher, f.tcp, f.kvm, cfg.ExitOnLeaseEnd, token)
+		f.launcher, f.tcp, f.kvm, cfg.ExitOnLeaseEnd, token, f.disk)
 }
 
 func orUnset(s string) string {
@@ -265,6 +270,49 @@ func probeLauncher(sock string) string {
 	}
 	c.Close()
 	return "ok"
+}
+
+// flashPath is where the stand-in flashes: in /disk, where upstream main's driver keeps root, bios and OVMF files.
+const flashPath = "/disk/standin-flash"
+
+// probeDisk flashes a fresh nonce into this container's /disk and asks the runtime, over the launcher socket, to
+// read it from its own: "ok" only when both containers share one writable /disk.
+func probeDisk(sock string) string {
+	if sock == "" {
+		return "unset"
+	}
+	nonce := strconv.FormatInt(time.Now().UnixNano(), 36) + "-" + strconv.Itoa(os.Getpid())
+	tmp := flashPath + ".tmp"
+	if err := os.WriteFile(tmp, []byte(nonce), 0o644); err != nil {
+		return "unwritable"
+	}
+	if err := os.Rename(tmp, flashPath); err != nil {
+		return "unwritable"
+	}
+	c, err := net.DialTimeout("unix", sock, time.Second)
+	if err != nil {
+		return "no-launcher"
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	rd := bufio.NewReader(c)
+	if _, err := rd.ReadString('\n'); err != nil {
+		return "no-launcher"
+	}
+	if _, err := c.Write([]byte("disk-check " + nonce + "\n")); err != nil {
+		return "no-launcher"
+	}
+	reply, err := rd.ReadString('\n')
+	if err != nil {
+		return "no-launcher"
+	}
+	reply = strings.TrimSpace(reply)
+	if reply == "disk ok" {
+		return "ok"
+	}
+	// "disk unshared: ..." -> "unshared"
+	word, _, _ := strings.Cut(strings.TrimPrefix(reply, "disk "), ":")
+	return word
 }
 
 // probeTCP wants the ssh banner, not just an open port: QEMU's hostfwd accepts before the guest's sshd is up.

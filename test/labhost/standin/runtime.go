@@ -107,10 +107,30 @@ func handleLauncher(c net.Conn) {
 			line = line[:200] + "..."
 		}
 		logf("jumpstarter-exec: launcher request %q", line)
-		if _, err := c.Write([]byte("ok\n")); err != nil {
+		reply := "ok"
+		if nonce, ok := strings.CutPrefix(line, "disk-check "); ok {
+			reply = diskCheck(nonce)
+			logf("jumpstarter-exec: %s", reply)
+		}
+		if _, err := c.Write([]byte(reply + "\n")); err != nil {
 			return
 		}
 	}
+}
+
+// diskCheck plays QEMU opening the disk the exporter flashed: upstream main's driver writes it to /disk in the
+// exporter's container and QEMU reads it from /disk in this one, so both must mount the same volume there.
+func diskCheck(nonce string) string {
+	data, err := os.ReadFile(flashPath)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return "disk unshared: " + flashPath + " is not in the runtime's /disk"
+	case err != nil:
+		return "disk unreadable: " + err.Error()
+	case string(data) != nonce:
+		return "disk mismatch: " + flashPath + " holds another flash"
+	}
+	return "disk ok"
 }
 
 func handleSSH(c net.Conn) {
