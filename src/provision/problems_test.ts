@@ -4,6 +4,7 @@ import { applyFailureReason, applyFailureText, retryAfterMs } from "./problems.t
 Deno.test("applyFailureReason: refusals a person fixes on the host have their own reason, the rest DeployFailed", () => {
   assert.equal(applyFailureReason("podman-too-old"), "PodmanTooOld");
   assert.equal(applyFailureReason("kvm-missing"), "KvmMissing");
+  assert.equal(applyFailureReason("host-busy"), "HostBusy");
   for (const code of ["missing-tool", "not-owned", "unit-missing", "step-failed", "incomplete", "exit", undefined]) {
     assert.equal(applyFailureReason(code), "DeployFailed", String(code));
   }
@@ -24,5 +25,6 @@ Deno.test("applyFailureText: names the host, then every error", () => {
 Deno.test("retryAfterMs: PodmanTooOld waits for a person, like other refusals", () => {
   assert.equal(retryAfterMs(300_000, [{ reason: "PodmanTooOld", message: "" }]), 30_000);
   assert.equal(retryAfterMs(300_000, [{ reason: "HostUnreachable", message: "" }]), 10_000);
+  assert.equal(retryAfterMs(300_000, [{ reason: "HostBusy", message: "" }]), 10_000, "a lock held too long: soon");
   assert.equal(retryAfterMs(300_000, []), 300_000);
 });
