@@ -3,7 +3,7 @@
  * set's status. Each write records its Event on the set or Exporter.
  */
 import type { Exporter, ExporterSet, ExporterSetStatus } from "../api/types.ts";
-import { isConflict } from "../kube/client.ts";
+import { isConflict, isNotFound } from "../kube/client.ts";
 import { EXPORTER_SETS, EXPORTERS } from "../kube/resources.ts";
 import { leaseHolding } from "./leases.ts";
 import type { Context } from "./context.ts";
@@ -34,7 +34,13 @@ export async function act(ctx: Context, set: ExporterSet, p: Plan): Promise<void
  */
 async function recycle(ctx: Context, set: ExporterSet, ns: string, name: string): Promise<void> {
   if (ctx.caches.exporters.get(ns, name)?.spec?.enabled !== false) {
-    await ctx.client.mergePatch(EXPORTERS, ns, name, { spec: { enabled: false } });
+    try {
+      await ctx.client.mergePatch(EXPORTERS, ns, name, { spec: { enabled: false } });
+    } catch (err) {
+      // gone already (the cache lags): nothing left to recycle
+      if (isNotFound(err)) return;
+      throw err;
+    }
   }
   const fresh = await ctx.client.find<Exporter>(EXPORTERS, ns, name);
   if (!fresh || fresh.metadata.deletionTimestamp) return;
