@@ -597,8 +597,9 @@ Deno.test({
     });
 
     await t.step("the host lock: a script that cannot get it in time refuses with host-busy", async () => {
-      // held by another process on the host for longer than the bound (here shortened, as the script is text)
-      const holder = hostExec(host, `flock ${HOST_LOCK} sleep 4`);
+      // held by another process on the host until the test lets go, past the bound (shortened here: the script is text)
+      const release = "/run/qsp-test-release-lock";
+      const holder = hostExec(host, `flock ${HOST_LOCK} sh -c 'until [ -e ${release} ]; do sleep 0.1; done'`);
       await pollUntil(
         "the lock to be held",
         async () => (await hostExec(host, `flock -n ${HOST_LOCK} true`)).code !== 0,
@@ -611,6 +612,7 @@ Deno.test({
       const report = parseApplyOutput(out.stdout, out.stderr, out.code);
       assert.deepEqual(report.errors.map((e) => e.code), ["host-busy"]);
       assert.deepEqual(report.changed, []);
+      await sh(host, `touch ${release}`);
       await holder;
       assertApplied(await apply(host, renderInstance(all[1])));
     });
