@@ -159,7 +159,7 @@ export const HOST_LOCK = `${RUN_DIR}/lock`;
  * daemon-reload and queued (not awaited) systemd jobs: seconds. Well inside the SSH command timeout (120 s).
  */
 export const LOCK_WAIT_SECONDS = 60;
-/** The hash of the service definition a unit was last started with by a script of ours (the apply script's started_with). */
+/** Holds the hash of the service definition a unit was last started with by an apply (its `started_with`). */
 export const startedPath = (unit: string) => `${RUN_DIR}/${unit}.started`;
 
 // Serializes the scripts on one host. Without it another script's daemon-reload can load an instance's new definition
@@ -240,6 +240,7 @@ RT=${q(r.units.runtime)}
 EX=${q(r.units.exporter)}
 RTQ=${q(rtQuadlet)}
 EXQ=${q(exQuadlet)}
+RUN_DIR=${q(RUN_DIR)}
 # left by an older version of this script for a restart it deferred: the record a unit is adopted with (adopt)
 PENDING=${q(pendingPath(r.uid))}
 # PATH MODE OWNER SHA256 BASE64: atomic replace (temp file in the same directory, synced, renamed) unless already equal
@@ -311,7 +312,6 @@ ${PODMAN_CHECK}
 refuse_if_errors
 
 step=lock
-RUN_DIR=${q(RUN_DIR)}
 lock_host
 
 step=ownership
