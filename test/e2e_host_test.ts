@@ -24,8 +24,8 @@ import {
   type World,
   world,
 } from "./e2e_world.ts";
-import { JUMPSTARTER_LEASES, SECRETS } from "../src/kube/resources.ts";
-import type { Lease, Secret } from "../src/api/types.ts";
+import { EXPORTERS, JUMPSTARTER_LEASES, SECRETS } from "../src/kube/resources.ts";
+import type { Exporter, Lease, Secret } from "../src/api/types.ts";
 
 const opts = { sanitizeOps: false, sanitizeResources: false };
 
@@ -133,6 +133,16 @@ Deno.test({
       const name = e.metadata.name!;
       await waitStandinUp(w.host, name);
 
+      // every version of the Exporter from here on, to see what it was when its deletion began
+      const versions: Exporter[] = [];
+      const stop = new AbortController();
+      const watched = (async () => {
+        const query = { fieldSelector: `metadata.name=${name}`, resourceVersion: e.metadata.resourceVersion };
+        for await (const ev of w.client.watch<Exporter>(EXPORTERS, w.ns, query, stop.signal)) versions.push(ev.object);
+      })().catch((err) => {
+        if (!stop.signal.aborted) throw err;
+      });
+
       const t0 = performance.now();
       await endedLease(w, name);
 
@@ -144,6 +154,12 @@ Deno.test({
       await waitStandinUp(w.host, fresh.metadata.name!);
       console.log(`  exited exporter replaced and the replacement up after ${seconds(t0)}`);
       assert.equal(await hostHas(w.host, name), false, "the exited instance is gone from the host");
+      stop.abort();
+      await watched;
+      // #935: disabled first, so that no new lease lands on it while it goes
+      const deleting = versions.find((v) => v.metadata.deletionTimestamp);
+      assert.ok(deleting, `its deletion was seen: ${versions.length} versions`);
+      assert.equal(deleting.spec?.enabled, false, "disabled before its deletion began");
     } finally {
       await w.stop();
     }

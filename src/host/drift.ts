@@ -25,6 +25,7 @@ export function drift(r: RenderedInstance, found: InspectedInstance | undefined)
     found.exporter,
   ]];
   for (const [unit, s] of units) if (s?.active !== "active") out.push(`${unit} is ${s ? s.active : "not loaded"}`);
+  for (const unit of found.outdated ?? []) out.push(`${unit} runs an older definition than its quadlet's`);
   if (!found.volume) out.push(`volume ${r.volume} is missing`);
   if (!found.diskVolume) out.push(`volume ${r.disk.volume} is missing`);
   return out;

@@ -15,7 +15,7 @@
  *   qsp journal LINE                       the exporter's last journal lines, when it is down, restarted or started
  *   qsp removed WHAT NAME | qsp removed nothing | qsp stopped UNIT
  *   qsp file KIND NAME PATH OWNER | qsp mode PATH MODE | qsp sha256 PATH HASH | qsp unit UNIT LOAD ACTIVE SUB
- *     | qsp container ... | qsp volume ...  what inspect found
+ *     | qsp record UNIT HASH | qsp loaded UNIT HASH | qsp container ... | qsp volume ...  what inspect found
  *   qsp facts WIRE                         the host's facts (host_facts.ts), printed before anything is written
  *   qsp error CODE MESSAGE                 CODE is one word (see ErrorCode)
  *   qsp done                               the script ran to its end (absent: it died or the connection dropped)
@@ -88,8 +88,9 @@ export PATH LC_ALL=C
 step=start
 tmp=
 refused=0
-trap 'rc=$?; [ -z "$tmp" ] || rm -f "$tmp"; [ "$rc" = 0 ] || [ "$refused" = 1 ] || echo "qsp error step-failed $step (exit $rc)"' EXIT
-say() { echo "qsp $*"; }
+trap 'rc=$?; [ -z "$tmp" ] || rm -f "$tmp"; [ "$rc" = 0 ] || [ "$refused" = 1 ] || printf "qsp error step-failed %s (exit %s)\\n" "$step" "$rc"' EXIT
+# printf, never echo: dash's echo expands backslashes, so a journal line holding "\\nqsp state ..." would forge a line
+say() { printf 'qsp %s\\n' "$*"; }
 nl='
 '
 `;
@@ -119,7 +120,7 @@ EOF_UNIT
 
 // Refusals: report every problem a step finds, then stop before changing anything that depends on it.
 const CHECK_FNS = `errors=0
-err() { echo "qsp error $*"; errors=$((errors + 1)); }
+err() { say error "$@"; errors=$((errors + 1)); }
 # after reported errors: stop here, with a status the trap does not mistake for a failed step
 refuse_if_errors() {
   if [ "$errors" != 0 ]; then
@@ -141,6 +142,33 @@ check_owner() {
     err "owner-conflict $1 belongs to exporter uid=$u, not uid=$2 (same name in another namespace?)"
   fi
 }
+`;
+
+/** Where the scripts keep what they know about the host between runs; in /run, as a reboot starts every unit anew. */
+export const RUN_DIR = `/run/${PROVISIONER}`;
+/** The lock every apply and remove on a host holds while it looks at, writes or removes files and queues systemd jobs. */
+export const HOST_LOCK = `${RUN_DIR}/lock`;
+/**
+ * How long a script waits for the host lock before refusing with host-busy. Holders keep it for file writes, one
+ * daemon-reload and queued (not awaited) systemd jobs: seconds. Well inside the SSH command timeout (120 s).
+ */
+export const LOCK_WAIT_SECONDS = 60;
+/** Holds the hash of the service definition a unit was last started with by an apply (its `started_with`). */
+export const startedPath = (unit: string) => `${RUN_DIR}/${unit}.started`;
+
+// Serializes the scripts on one host. Without it another script's daemon-reload can load an instance's new definition
+// between its file writes and its look at what changed, and a remove's ownership check can go stale before its rm.
+// flock's lock goes with the process: a script killed while holding it does not block the next one.
+const LOCK_FNS = `lock_host() {
+  mkdir -p ${RUN_DIR}
+  exec 9>>${HOST_LOCK}
+  if ! flock -w ${LOCK_WAIT_SECONDS} 9; then
+    err "host-busy another apply or remove on this host has held ${HOST_LOCK} for over ${LOCK_WAIT_SECONDS}s; \\
+it is retried; if this persists, see which process holds it: fuser -v ${HOST_LOCK}"
+    refuse_if_errors
+  fi
+}
+unlock_host() { exec 9>&-; }
 `;
 
 function sedEscape(s: string): string {
@@ -200,7 +228,7 @@ export function applyScript(r: RenderedInstance, opts: ApplyOptions): string {
   }).join("\n");
 
   return `# ${r.name}: apply
-${PRELUDE}${UNIT_FN}${CHECK_FNS}
+${PRELUDE}${UNIT_FN}${CHECK_FNS}${LOCK_FNS}
 UID_=${q(r.uid)}
 RT=${q(r.units.runtime)}
 EX=${q(r.units.exporter)}
@@ -208,7 +236,8 @@ RTQ=${q(rtQuadlet)}
 EXQ=${q(exQuadlet)}
 DISK=${q(r.disk.volume)}
 IMG=${q(r.disk.image)}
-# units left running an older definition by a deferred restart; in /run, as a reboot starts them anew anyway
+RUN_DIR=${q(RUN_DIR)}
+# left by an older version of this script for a restart it deferred: the record a unit is adopted with (adopt)
 PENDING=${q(pendingPath(r.uid))}
 # PATH MODE OWNER SHA256 BASE64: atomic replace (temp file in the same directory, synced, renamed) unless already equal
 put() {
@@ -246,14 +275,32 @@ running() {
   case "$active" in active | activating | reloading) return 0 ;; esac
   return 1
 }
-# UNIT BEFORE: the unit runs, and not the definition generated from its quadlet now
+# UNIT: remember on the host which definition UNIT was (re)started with, once its job is queued. Written after the
+# start, so a script killed in between leaves the old record: the next apply restarts once more rather than never.
+started_with() {
+  h=$(generated "$1")
+  printf '%s\\n' "$h" >"$RUN_DIR/.$1.started.tmp"
+  mv -f "$RUN_DIR/.$1.started.tmp" "$RUN_DIR/$1.started"
+}
+# UNIT: a unit that runs without a record (started by an older version of this script, or by hand) is taken to run
+# what systemd has loaded now, before this apply writes anything: upgrading the controller restarts nothing. A
+# restart the older script deferred is still owed.
+adopt() {
+  if [ -e "$RUN_DIR/$1.started" ] || ! running "$1"; then return 0; fi
+  if grep -qxF "$1" "$PENDING" 2>/dev/null; then
+    printf 'deferred\\n' >"$RUN_DIR/$1.started"
+  else
+    started_with "$1"
+  fi
+}
+# UNIT: the unit runs, and not the definition systemd has loaded from its quadlet now
 outdated() {
   running "$1" || return 1
-  [ "$(generated "$1")" != "$2" ] || grep -qxF "$1" "$PENDING" 2>/dev/null
+  [ "$(cat "$RUN_DIR/$1.started" 2>/dev/null)" != "$(generated "$1")" ]
 }
 
 step=preflight
-for c in podman systemctl base64 sha256sum mktemp stat truncate mkfs.ext4 resize2fs e2fsck losetup; do
+for c in podman systemctl base64 sha256sum mktemp stat flock truncate mkfs.ext4 resize2fs e2fsck losetup; do
   command -v "$c" >/dev/null 2>&1 || err "missing-tool $c is not installed on this host"
 done
 # podman loop-mounts the /disk volume's image at the first start
@@ -279,9 +326,15 @@ if [ "$facts" != ${q(factsWire(r.facts))} ]; then
 fi
 refuse_if_errors
 
+step=lock
+lock_host
+
 step=ownership
 ${allPaths.map((p) => `check_owner ${q(p)} "$UID_"`).join("\n")}
 refuse_if_errors
+adopt "$RT"
+adopt "$EX"
+rm -f "$PENDING"
 
 step=make-dirs
 (umask 022 && mkdir -p ${dirs.map(q).join(" ")})
@@ -362,8 +415,6 @@ for u in "$RT" "$EX"; do
   unit "$u"
   if [ "$load" != loaded ] || [ "$need_reload" != no ]; then reload=1; fi
 done
-rt_before=$(generated "$RT")
-ex_before=$(generated "$EX")
 if [ "$reload" = 1 ]; then
   systemctl daemon-reload
   say reloaded
@@ -409,39 +460,39 @@ if [ ${
   ex_exited=1
   say exited "$EX"
 fi
-# A running unit restarts only if the service generated from its quadlet changed (now, or in an apply that deferred
-# the restart): a quadlet rewritten with the same content (a hand-deleted file put back) leaves QEMU alone. The
-# exporter lives in the runtime's network namespace, which a runtime restart replaces, so it goes along.
+# A running unit restarts when the definition systemd has loaded differs from the one it was started with, by this
+# apply's change or by any earlier one (deferred, interrupted, or loaded by another script's daemon-reload): a quadlet
+# rewritten with the same content (a hand-deleted file put back) leaves QEMU alone. The exporter lives in the
+# runtime's network namespace, which a runtime restart replaces, so it goes along.
 restart=
-if outdated "$RT" "$rt_before"; then
+if outdated "$RT"; then
   restart=$RT
   if [ "$ex_exited" = 0 ]; then restart="$RT $EX"; fi
 fi
-if [ -z "$restart" ] && outdated "$EX" "$ex_before"; then restart=$EX; fi
+if [ -z "$restart" ] && outdated "$EX"; then restart=$EX; fi
 if [ -n "$restart" ] && [ ${opts.deferRestart ? 1 : 0} = 1 ]; then
-  mkdir -p "\${PENDING%/*}"
-  # shellcheck disable=SC2086
-  printf '%s\\n' $restart >"$PENDING"
+  # the records stay as they are, so every later apply sees the restart owed until one does it
   for u in $restart; do say restart-pending "$u"; done
   restart=
-else
-  # restarted now, or not running (a start runs the new definition)
-  rm -f "$PENDING"
 fi
 if [ -n "$restart" ]; then
-  # one transaction, so the exporter (BindsTo the runtime) restarts once, after the runtime; with /disk to grow, a
-  # stop and a start with the offline resize in between
+  # One transaction, so the exporter (BindsTo the runtime) restarts once, after the runtime. Queued, not awaited: a
+  # pull in ExecStartPre can take minutes, and the host lock is held until here; settle waits for the jobs. With /disk
+  # to grow: a stop, the offline resize, then the queued start.
   if [ "$(stat -c %s "$IMG")" -lt ${r.disk.bytes} ]; then
     # shellcheck disable=SC2086
     systemctl stop $restart
     grow_disk
     # shellcheck disable=SC2086
-    systemctl start $restart
+    systemctl start --no-block $restart
   else
     # shellcheck disable=SC2086
-    systemctl restart $restart
+    systemctl restart --no-block $restart
   fi
-  for u in $restart; do say restarted "$u"; done
+  for u in $restart; do
+    started_with "$u"
+    say restarted "$u"
+  done
 fi
 
 step=hup
@@ -454,7 +505,8 @@ case " $restart " in
       say hup "$EX"
     else
       # the container went away between the two checks; a restart reads the new config just as well
-      systemctl restart "$EX"
+      systemctl restart --no-block "$EX"
+      started_with "$EX"
       say restarted "$EX"
     fi
   fi
@@ -464,6 +516,7 @@ esac
 step=start
 for u in "$RT" "$EX"; do
   if [ "$u" = "$EX" ] && [ "$ex_exited" = 1 ]; then continue; fi
+  case " $restart " in *" $u "*) continue ;; esac
   unit "$u"
   # an exporter on its way out after a lease (ExitAndReplace) is let go: the next apply reports it exited
   if [ "$u" = "$EX" ] && [ ${opts.keepExited ? 1 : 0} = 1 ] && [ "$active" = deactivating ]; then continue; fi
@@ -473,11 +526,14 @@ for u in "$RT" "$EX"; do
     # a unit that hit its start limit refuses to start until reset
     if [ "$active" = failed ]; then systemctl reset-failed "$u"; fi
     systemctl start --no-block "$u"
+    started_with "$u"
     say started "$u"
     if [ "$u" = "$EX" ]; then ex_started=1; fi
     ;;
   esac
 done
+# every job is queued and every record written: other scripts may go on while this one waits for its units
+unlock_host
 
 step=settle
 # wait (bounded) for the start jobs, so the report says running or failed rather than "starting"
@@ -524,8 +580,8 @@ err "kvm-denied /dev/kvm is mode ${mode} owned by $(stat -L -c %U:%G /dev/kvm) (
 added to the exporter) or 0666 as Fedora and RHEL ship it"`;
 }
 
-/** Where the apply script remembers the units of an instance whose restart it deferred. */
-export const pendingPath = (uid: string) => `/run/${PROVISIONER}/${uid}.restart-pending`;
+/** Where older versions of the apply script remembered the units of an instance whose restart they deferred. */
+export const pendingPath = (uid: string) => `${RUN_DIR}/${uid}.restart-pending`;
 
 export interface RemoveOptions {
   /** Only remove files whose ownership line names this uid (refuse with owner-conflict otherwise). */
@@ -544,9 +600,12 @@ export function removeScript(name: string, opts: RemoveOptions = {}): string {
   const mountDir = configMountDir(name);
   const files = [...quadlets, configPath(name), `${mountDir}/${name}.yaml`];
   return `# ${name}: remove
-${PRELUDE}${UNIT_FN}${CHECK_FNS}
+${PRELUDE}${UNIT_FN}${CHECK_FNS}${LOCK_FNS}
 removed=0
 gone() { removed=$((removed + 1)); say removed "$@"; }
+
+step=lock
+lock_host
 
 step=ownership
 ${files.map((f) => `check_owner ${q(f)} ${q(opts.uid ?? "")}`).join("\n")}
@@ -593,6 +652,7 @@ if [ -d ${q(mountDir)} ]; then
   rmdir ${q(mountDir)}
   gone dir ${q(mountDir)}
 fi
+rm -f ${q(startedPath(`${name}-runtime.service`))} ${q(startedPath(`${name}-exporter.service`))}
 ${opts.uid ? `rm -f ${q(pendingPath(opts.uid))}` : "# no uid: no restart-pending marker to name"}
 
 step=volume
@@ -683,6 +743,20 @@ step=units
 systemctl list-units --all --plain --no-legend --no-pager '*-runtime.service' '*-exporter.service' 2>/dev/null |
   while read -r u load active sub _description; do say unit "$u" "$load" "$active" "$sub"; done
 
+step=records
+# what each unit was started with, and what systemd has loaded for it (quadlet units are generated there): a running
+# unit where the two differ owes a restart, which an apply gives it
+for f in ${q(RUN_DIR)}/*.started; do
+  if [ -f "$f" ]; then
+    h=
+    read -r h <"$f" || true
+    u=\${f##*/}
+    say record "\${u%.started}" "$h"
+  fi
+done
+(cd /run/systemd/generator 2>/dev/null && sha256sum -- *-runtime.service *-exporter.service 2>/dev/null) |
+  while read -r h u; do say loaded "$u" "$h"; done
+
 if ! command -v podman >/dev/null 2>&1; then
   say "done"
   exit 0
@@ -705,6 +779,7 @@ say "done"
 
 export type ErrorCode =
   | "missing-tool"
+  | "host-busy"
   | "podman-too-old"
   | "not-owned"
   | "owner-conflict"
@@ -778,6 +853,8 @@ export interface InspectedInstance {
   ownerMismatch: boolean;
   runtime?: { load: string; active: string; sub: string };
   exporter?: { load: string; active: string; sub: string };
+  /** Its units that run a definition older than the one systemd has loaded for them: each owes a restart. */
+  outdated?: string[];
   containers: { name: string; state: string; uid: string }[];
   /** The shared volume exists. */
   volume: boolean;
@@ -888,6 +965,8 @@ export function parseRemoveOutput(stdout: string, stderr: string, exitCode: numb
   return report;
 }
 
+const RUNNING = new Set(["active", "activating", "reloading"]);
+
 export function parseInspectOutput(stdout: string, stderr: string, exitCode: number): HostInspection {
   const { lines, errors } = scan(stdout, stderr, exitCode);
   const out: HostInspection = { ok: errors.length === 0, diskFreeKiB: {}, instances: [], errors };
@@ -903,6 +982,8 @@ export function parseInspectOutput(stdout: string, stderr: string, exitCode: num
   const units: Record<string, { load: string; active: string; sub: string }> = {};
   const modes = new Map<string, string>();
   const digests = new Map<string, string>();
+  const records = new Map<string, string>();
+  const loaded = new Map<string, string>();
   for (const [kind, ...w] of lines) {
     if (kind === "facts") out.facts = parseFacts(w.join(" "));
     else if (kind === "systemd" && /^[0-9]+/.test(w[0] ?? "")) out.systemdVersion = parseInt(w[0], 10);
@@ -920,6 +1001,8 @@ export function parseInspectOutput(stdout: string, stderr: string, exitCode: num
     } else if (kind === "mode") modes.set(w[0], w[1]);
     else if (kind === "sha256") digests.set(w[0], w[1]);
     else if (kind === "unit") units[w[0]] = { load: w[1], active: w[2], sub: w[3] };
+    else if (kind === "record") records.set(w[0], w[1] ?? "");
+    else if (kind === "loaded") loaded.set(w[0], w[1]);
     else if (kind === "container") instance(w[0]).containers.push({ name: w[1], state: w[2], uid: w[3] });
     else if (kind === "volume") {
       const disk = w[0].endsWith("-disk");
@@ -936,6 +1019,11 @@ export function parseInspectOutput(stdout: string, stderr: string, exitCode: num
     }
     i.runtime = units[`${i.name}-runtime.service`];
     i.exporter = units[`${i.name}-exporter.service`];
+    // as the apply script's `outdated`: a unit without a record is adopted by the next apply, not owed anything
+    const owed = [`${i.name}-runtime.service`, `${i.name}-exporter.service`].filter((u) =>
+      RUNNING.has(units[u]?.active ?? "") && records.has(u) && records.get(u) !== loaded.get(u)
+    );
+    if (owed.length) i.outdated = owed;
     if (i.uid === undefined) i.uid = i.containers.find((c) => c.uid)?.uid;
   }
   out.instances = [...byName.values()].sort((a, b) => a.name.localeCompare(b.name));

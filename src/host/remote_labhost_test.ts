@@ -22,7 +22,9 @@ import { factsWire } from "./host_facts.ts";
 import {
   type ApplyReport,
   applyScript,
+  HOST_LOCK,
   inspectScript,
+  LOCK_WAIT_SECONDS,
   parseApplyOutput,
   parseInspectOutput,
   parseRemoveOutput,
@@ -628,3 +630,137 @@ for (const { suffix, net, podman } of VARIANTS) {
     }
   });
 }
+
+/** Systemd's "unit started" message: one per start of the unit, whoever asked for it. */
+const UNIT_STARTED = "MESSAGE_ID=39f53479d3a045ac8e11786248231fbf";
+/** How often systemd has started a unit so far, from its journal. */
+async function starts(host: LabHost, unit: string): Promise<number> {
+  await sh(host, "journalctl --sync");
+  const out = await sh(host, `journalctl -o cat --no-pager _PID=1 UNIT=${unit} ${UNIT_STARTED}`);
+  return out.split("\n").filter((l) => l.trim()).length;
+}
+
+const { net } = VARIANTS[0];
+
+Deno.test({
+  name: "remote scripts on a lab host: concurrent applies of one change restart every runtime once, none lost",
+  ignore: !isRoot,
+  sanitizeResources: false,
+  sanitizeOps: false,
+}, async (t) => {
+  try {
+    const [host] = await startLabHosts(net, 1);
+    // first contact tells the host's facts; everything below is rendered for them
+    const { facts } = await apply(
+      host,
+      renderInstance(instance("team-r", "pool-r0", "eeeeeeee-0000-4000-8000-000000000000")),
+    );
+    const render = (i: Instance) => renderInstance(i, facts);
+    const all = Array.from(
+      { length: 7 },
+      (_, i) => instance("team-r", `pool-r${i + 1}`, `eeeeeeee-0000-4000-8000-00000000000${i + 1}`),
+    );
+    // two of them are leased: their restart waits for the lease (deferRestart), the rest restart at once
+    const leased = new Set(["pool-r6", "pool-r7"]);
+    const neverPull = {
+      ...params,
+      images: { ...params.images, runtime: { ...params.images.runtime, pullPolicy: "Never" as const } },
+    };
+    const runtimeStarts = async () =>
+      Object.fromEntries(
+        await Promise.all(all.map(async (i) => [i.name, await starts(host, `${i.name}-runtime.service`)])),
+      );
+
+    await t.step("7 instances deployed at once on one host all come up", async () => {
+      const reports = await Promise.all(all.map((i) => apply(host, render(i))));
+      reports.forEach(assertApplied);
+    });
+
+    await t.step("one runtime change applied to all at once: each runtime restarts exactly once", async () => {
+      const before = await runtimeStarts();
+      const reports = await Promise.all(
+        all.map((i) => apply(host, render({ ...i, params: neverPull }), { deferRestart: leased.has(i.name) })),
+      );
+      reports.forEach(assertApplied);
+      const mid = await runtimeStarts();
+      const lease = await Promise.all(
+        all.filter((i) => leased.has(i.name)).map((i) => apply(host, render({ ...i, params: neverPull }))),
+      );
+      lease.forEach(assertApplied);
+      // applied once more, as every resync may: nothing is owed any more
+      const again = await Promise.all(all.map((i) => apply(host, render({ ...i, params: neverPull }))));
+      const after = await runtimeStarts();
+      console.log(
+        "runtime restarts per instance (during the concurrent applies, after the leases ended):\n" +
+          all.map((i) => `  ${i.name}: ${mid[i.name] - before[i.name]}, ${after[i.name] - before[i.name]}`)
+            .join("\n"),
+      );
+      all.forEach((i, n) => {
+        const rt = `${i.name}-runtime.service`;
+        if (leased.has(i.name)) {
+          assert.deepEqual([reports[n].restarted, reports[n].pending], [[], [rt, `${i.name}-exporter.service`]]);
+          assert.equal(mid[i.name], before[i.name], `${i.name}: not restarted under its lease`);
+        } else {
+          assert.deepEqual(reports[n].restarted, [rt, `${i.name}-exporter.service`], i.name);
+          assert.equal(mid[i.name] - before[i.name], 1, `${i.name}: restarted once by the concurrent applies`);
+        }
+        assert.equal(after[i.name] - before[i.name], 1, `${i.name}: restarted exactly once in all`);
+        assert.deepEqual([again[n].restarted, again[n].pending], [[], []], i.name);
+      });
+      all.forEach((i) => i.params = neverPull);
+    });
+
+    await t.step("an apply killed between daemon-reload and restart is repaired by the next resync", async () => {
+      const [r1] = all;
+      const changed = render({ ...r1, params });
+      // dies right after systemd loaded the new definition, before it could restart anything
+      const killed = applyScript(changed, { kvmRequired: true }).replace(
+        "\nstep=check-units\n",
+        "\nkill -KILL $$\nstep=check-units\n",
+      );
+      const out = await runScript(host, killed);
+      const report = parseApplyOutput(out.stdout, out.stderr, out.code);
+      assert.deepEqual([report.ok, report.reloaded, report.restarted], [false, true, []]);
+      const before = await starts(host, `${r1.name}-runtime.service`);
+      // the resync's inspection sees the restart owed (files and units alone look fine)
+      const inspected = await runScript(host, inspectScript());
+      const found = parseInspectOutput(inspected.stdout, inspected.stderr, inspected.code).instances
+        .find((i) => i.name === r1.name);
+      assert.deepEqual(drift(changed, found), [
+        `${r1.name}-runtime.service runs an older definition than its quadlet's`,
+      ]);
+      const repaired = await apply(host, changed);
+      assertApplied(repaired);
+      assert.deepEqual([repaired.changed, repaired.restarted], [[], [
+        `${r1.name}-runtime.service`,
+        `${r1.name}-exporter.service`,
+      ]]);
+      assert.equal(await starts(host, `${r1.name}-runtime.service`), before + 1);
+      const settled = await apply(host, changed);
+      assert.deepEqual(settled.restarted, [], "restarted once, not on every apply");
+    });
+
+    await t.step("the host lock: a script that cannot get it in time refuses with host-busy", async () => {
+      // held by another process on the host until the test lets go, past the bound (shortened here: the script is text)
+      const release = "/run/qsp-test-release-lock";
+      const holder = hostExec(host, `flock ${HOST_LOCK} sh -c 'until [ -e ${release} ]; do sleep 0.1; done'`);
+      await pollUntil(
+        "the lock to be held",
+        async () => (await hostExec(host, `flock -n ${HOST_LOCK} true`)).code !== 0,
+      );
+      const script = applyScript(render(all[1]), { kvmRequired: true }).replace(
+        `flock -w ${LOCK_WAIT_SECONDS} 9`,
+        "flock -w 1 9",
+      );
+      const out = await runScript(host, script);
+      const report = parseApplyOutput(out.stdout, out.stderr, out.code);
+      assert.deepEqual(report.errors.map((e) => e.code), ["host-busy"]);
+      assert.deepEqual(report.changed, []);
+      await sh(host, `touch ${release}`);
+      await holder;
+      assertApplied(await apply(host, render(all[1])));
+    });
+  } finally {
+    await stopLabHosts(net);
+  }
+});

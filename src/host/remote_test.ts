@@ -309,6 +309,45 @@ qsp done
   assert.deepEqual([noPodman.facts, noPodman.generator], [{ podman: "", kvm: null }, undefined]);
 });
 
+Deno.test("inspect: a running unit whose record differs from what systemd loaded owes a restart", () => {
+  const sum = (c: string) => c.repeat(64);
+  const out = `qsp file runtime a /etc/containers/systemd/a-runtime.container namespace=n set=s exporter=a uid=u-a
+qsp file runtime b /etc/containers/systemd/b-runtime.container namespace=n set=s exporter=b uid=u-b
+qsp unit a-runtime.service loaded active running
+qsp unit a-exporter.service loaded active running
+qsp unit b-runtime.service loaded active running
+qsp unit b-exporter.service loaded inactive dead
+qsp record a-runtime.service ${sum("1")}
+qsp record a-exporter.service ${sum("2")}
+qsp record b-exporter.service ${sum("3")}
+qsp loaded a-runtime.service ${sum("4")}
+qsp loaded a-exporter.service ${sum("2")}
+qsp loaded b-runtime.service ${sum("5")}
+qsp loaded b-exporter.service ${sum("6")}
+qsp done
+`;
+  const [a, b] = parseInspectOutput(out, "", 0).instances;
+  assert.deepEqual(a.outdated, ["a-runtime.service"]);
+  // b's runtime has no record (the next apply adopts it), its exporter does not run (a start runs what is loaded)
+  assert.equal(b.outdated, undefined);
+});
+
+Deno.test("journal text cannot forge protocol lines, under dash and under bash (M8)", async () => {
+  const say = applyScript(rendered, { kvmRequired: false }).split("\n").find((l) => l.startsWith("say()"));
+  assert.ok(say);
+  // what Python's repr puts in a log line: backslash escapes spelled out, which dash's echo would expand
+  const forged = String.raw`boom\nqsp state pool-x7k2p-exporter.service active running 0\c`;
+  const script = `${say}\nprintf '%s\\n' ${
+    shQuote(forged)
+  } | while IFS= read -r l; do say journal "$l"; done\nsay done\n`;
+  for (const shell of ["dash", "bash"]) {
+    const out = await new Deno.Command(shell, { args: ["-c", script] }).output();
+    const report = parseApplyOutput(new TextDecoder().decode(out.stdout), "", out.code);
+    assert.deepEqual(report.states, {}, shell);
+    assert.deepEqual(report.journal, [forged], shell);
+  }
+});
+
 /** Whether this machine has a /dev/kvm node: the preflight's `[ -c /dev/kvm ]` cannot be stubbed. */
 const kvmHere = (() => {
   try {
@@ -328,12 +367,12 @@ const stubFacts = (podman: string): HostFacts => ({ podman, kvm: kvmHere ? { mod
 async function preflight(podmanVersion: string | null, facts?: HostFacts | null, shell = "dash") {
   const found = stubFacts(podmanVersion?.split(" ").at(-1) ?? "");
   const s = applyScript({ ...rendered, facts: facts === null ? undefined : facts ?? found }, { kvmRequired: false });
-  const cut = s.indexOf("\nstep=ownership\n");
-  assert.ok(cut > 0 && s.indexOf("podman --version") < cut, "the version is checked before the ownership step");
+  const cut = s.indexOf("\nstep=lock\n");
+  assert.ok(cut > 0 && s.indexOf("podman --version") < cut, "the version is checked before the host is locked");
   const stubs = [
     podmanVersion === null ? "podman() { return 127; }" : `podman() { echo ${shQuote(podmanVersion)}; }`,
     "stat() { echo 660:993; }",
-    ...["systemctl", "base64", "sha256sum", "mktemp"].map((c) => `${c}() { :; }`),
+    ...["systemctl", "base64", "sha256sum", "mktemp", "flock"].map((c) => `${c}() { :; }`),
   ].join("\n");
   // the stubs go after the prelude's PATH line: functions win over PATH either way
   const script = `${stubs}\n${s.slice(0, cut)}\nsay done\n`;

@@ -297,7 +297,10 @@ function exporterYaml(config: unknown): string {
   return doc.toString({ lineWidth: 0 }).replace(PY_ESCAPE, pyEscape);
 }
 
-/** The template's drivers with upstream's enrichment of the QEMU driver and the auto-injected tcp driver. */
+/**
+ * The template's drivers with upstream's enrichment of the QEMU driver, its `power` alias and the auto-injected tcp
+ * driver.
+ */
 export function exportDrivers(drivers: DriverSpec[], params: InstanceParams): Json {
   const out: Json = {};
   let sshPort = SSH_FORWARD_PORT;
@@ -314,6 +317,10 @@ export function exportDrivers(drivers: DriverSpec[], params: InstanceParams): Js
     }
     out[d.name] = { type: d.type, config };
   }
+  // upstream main's alias, so `j power on` works as with its other drivers: the 0.9.0 exporter resolves a top-level
+  // ref through the export tree (jumpstarter_driver_composite.Proxy), where the QEMU driver keeps its own `power` child
+  const qemu = drivers.find((d) => d.ref === undefined && d.type === QEMU_DRIVER_TYPE);
+  if (qemu && !("power" in out)) out.power = { ref: `${qemu.name}.power` };
   const hasTcp = Object.entries(out).some(([name, d]) => name === "tcp" || (d as Json).type === TCP_DRIVER_TYPE);
   // the tcp driver follows the ssh forward, which the template may have moved
   if (!hasTcp) out.tcp = { type: TCP_DRIVER_TYPE, config: { host: "127.0.0.1", port: sshPort } };

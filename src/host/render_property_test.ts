@@ -229,8 +229,9 @@ const isMap = (v: unknown): v is Json => typeof v === "object" && v !== null && 
 
 /**
  * The ExporterConfig as documented: the template's drivers as written, the QEMU driver's config over the class's
- * defaults with the launcher socket ours and an ssh forward unless the template has one, and a tcp driver following
- * that forward unless the template has its own.
+ * defaults with the launcher socket ours and an ssh forward unless the template has one, a `power` alias of the first
+ * QEMU driver's power unless a driver has that name, and a tcp driver following that forward unless the template has
+ * its own.
  */
 export function intendedConfig(inst: Instance): Json {
   const p = inst.params;
@@ -261,6 +262,8 @@ export function intendedConfig(inst: Instance): Json {
       ] as [string, unknown][]),
     }];
   });
+  const qemu = inst.drivers.find((d) => d.ref === undefined && d.type === QEMU_DRIVER_TYPE);
+  if (qemu && !inst.drivers.some((d) => d.name === "power")) exported.push(["power", { ref: `${qemu.name}.power` }]);
   const hasTcp = inst.drivers.some((d) => d.name === "tcp" || (d.ref === undefined && d.type === TCP_DRIVER_TYPE));
   if (!hasTcp) exported.push(["tcp", { type: TCP_DRIVER_TYPE, config: { host: "127.0.0.1", port: sshPort } }]);
   return {

@@ -2,7 +2,7 @@ import assert from "node:assert/strict";
 import { Buffer } from "node:buffer";
 import { parse } from "yaml";
 import { floatingImage, instanceOf, pullOf, renderInstance, statedPullPolicy, unitValue } from "./render.ts";
-import type { ExporterSet, VirtualTargetClass } from "../api/types.ts";
+import type { DriverSpec, ExporterSet, VirtualTargetClass } from "../api/types.ts";
 import { PEM, seedInstance, seedParams } from "../../test/fixtures.ts";
 
 const fileOf = (r: ReturnType<typeof renderInstance>, suffix: string) => {
@@ -43,6 +43,8 @@ Deno.test("the seed's example renders upstream's enriched ExporterConfig", () =>
           hostfwd: { ssh: { protocol: "tcp", hostaddr: "127.0.0.1", hostport: 2222, guestport: 22 } },
         },
       },
+      // upstream main's alias: `j power on` as with its in-cluster exporters
+      power: { ref: "qemu.power" },
       tcp: { type: "jumpstarter_driver_network.driver.TcpNetwork", config: { host: "127.0.0.1", port: 2222 } },
     },
   });
@@ -122,7 +124,7 @@ Deno.test("the tcp driver is not added twice, and follows a moved ssh forward", 
     ]
   ) {
     const cfg = parse(fileOf(renderInstance(seedInstance({ drivers: [qemu, other] })), ".yaml").content);
-    assert.deepEqual(Object.keys(cfg.export), ["qemu", other.name]);
+    assert.deepEqual(Object.keys(cfg.export), ["qemu", other.name, "power"]);
     assert.deepEqual(cfg.export[other.name].config, other.config);
   }
   const moved = renderInstance(seedInstance({
@@ -139,6 +141,18 @@ Deno.test("the tcp driver is not added twice, and follows a moved ssh forward", 
     "OVMF_CODE.fd": "/usr/share/edk2/ovmf/OVMF_CODE.fd",
     "OVMF_VARS.fd": "/usr/share/edk2/ovmf/OVMF_VARS.fd",
   });
+});
+
+Deno.test("the power alias: ref to the first QEMU driver's power unless a driver is named power, none without QEMU", () => {
+  const exported = (drivers: DriverSpec[]) =>
+    parse(fileOf(renderInstance(seedInstance({ drivers })), ".yaml").content).export;
+  const vm = { name: "vm", type: "jumpstarter_driver_qemu.driver.Qemu" };
+  assert.deepEqual(exported([vm]).power, { ref: "vm.power" });
+  assert.deepEqual(exported([{ name: "other", ref: "x" }, vm, { ...vm, name: "vm2" }]).power, { ref: "vm.power" });
+  const own = { name: "power", type: "jumpstarter_driver_power.driver.MockPower" };
+  assert.deepEqual(exported([vm, own]).power, { type: own.type, config: {} });
+  const serial = { name: "serial", type: "jumpstarter_driver_pyserial.driver.PySerial" };
+  assert.deepEqual(Object.keys(exported([serial])), ["serial", "tcp"]);
 });
 
 Deno.test("default_partitions follow the template's arch, and the template's own are kept", () => {

@@ -386,7 +386,16 @@ function resolveImage(
   return choice;
 }
 
-/** The parts of the driver template the renderer relies on: names are config keys and the QEMU config is a map. */
+/** Drivers the QEMU driver creates as its own children, by type, with their child names (upstream's qemudriver.go). */
+const QEMU_CHILDREN = new Map([
+  ["jumpstarter_driver_qemu.driver.QemuPower", "power"],
+  ["jumpstarter_driver_qemu.driver.QemuFlasher", "flasher"],
+]);
+
+/**
+ * The parts of the driver template the renderer relies on: names are config keys, the QEMU config is a map, and the
+ * QEMU driver's own children are reached through refs.
+ */
 function checkDrivers(drivers: unknown, setRef: Ref, errors: FieldError[], warnings: string[]) {
   if (drivers === undefined) return;
   // the API server's schema guarantees the shape; manifest files (render, doctor) do not
@@ -409,6 +418,15 @@ function checkDrivers(drivers: unknown, setRef: Ref, errors: FieldError[], warni
     }
     seen.add(d.name);
     if ((d.type === undefined) === (d.ref === undefined)) err("", "set exactly one of type or ref");
+    if (typeof d.type === "string" && QEMU_CHILDREN.has(d.type)) {
+      const qemu = drivers.find((o: DriverSpec) => isMap(o) && o.type === QEMU_DRIVER_TYPE)?.name ?? "<qemu>";
+      const child = QEMU_CHILDREN.get(d.type)!;
+      err(
+        ".type",
+        `${d.type} is part of the QEMU driver (${QEMU_DRIVER_TYPE} makes it as its child ${child}) and cannot ` +
+          `stand alone; use a ref instead, e.g. {name: ${d.name}, ref: ${qemu}.${child}}`,
+      );
+    }
     if (d.config !== undefined && !isMap(d.config)) err(".config", `expected a map, got ${typeName(d.config)}`);
     if (d.type !== QEMU_DRIVER_TYPE || !isMap(d.config)) return;
     if ("launcher_socket" in d.config) {

@@ -233,6 +233,25 @@ Deno.test("driver template: duplicate names, type/ref, non-map config are errors
   assert.match(r.warnings[0], /drivers\[0\]\.config\.launcher_socket is replaced by \/shared\/launcher\.sock/);
 });
 
+Deno.test("driver template: the QEMU driver's own power and flasher at top level are errors that name the ref", () => {
+  const set = seedSet();
+  set.spec.template!.spec!.drivers = [
+    { name: "vm", type: "jumpstarter_driver_qemu.driver.Qemu" },
+    { name: "power", type: "jumpstarter_driver_qemu.driver.QemuPower" },
+    { name: "flash", type: "jumpstarter_driver_qemu.driver.QemuFlasher", config: {} },
+  ];
+  const errors = errorsOf(seedClass(), set);
+  assert.deepEqual(errors.map((e) => `${e.object} ${e.field}`), [
+    "ExporterSet spec.template.spec.drivers[1].type",
+    "ExporterSet spec.template.spec.drivers[2].type",
+  ]);
+  assert.match(errors[0].message, /use a ref instead, e\.g\. \{name: power, ref: vm\.power\}/);
+  assert.match(errors[1].message, /use a ref instead, e\.g\. \{name: flash, ref: vm\.flasher\}/);
+  // the ref upstream suggests is fine
+  set.spec.template!.spec!.drivers = [set.spec.template!.spec!.drivers[0], { name: "power", ref: "vm.power" }];
+  assert.ok(resolveParams(seedClass(), set).ok);
+});
+
 Deno.test("unknown keys are warnings naming the object and path, with a suggestion for typos", () => {
   const set = withParams(seedSet(), { host: { nmae: "lab-host-02" }, resources: { memroy: "8Gi" }, colour: "blue" });
   const r = resolveParams(seedClass(), set);

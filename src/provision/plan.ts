@@ -42,6 +42,8 @@ export interface Plan {
   drain: string[];
   /** Delete these Exporters; the finalizer tears down their host instance. */
   delete: string[];
+  /** ExitAndReplace: delete these Exporters whose lease ended, once disabled and still unleased (upstream #935). */
+  recycle: string[];
   surplusSince?: string;
   /** When to look again even if nothing changes (cooldown end). */
   requeueAfterMs?: number;
@@ -96,7 +98,7 @@ export function plan(input: PlanInput): Plan {
   const enabled = candidates.filter((e) => e.enabled);
   const draining = candidates.filter((e) => !e.enabled);
 
-  const out: Plan = { desired, wanted, create: 0, enable: [], drain: [], delete: recycled.map((e) => e.name) };
+  const out: Plan = { desired, wanted, create: 0, enable: [], drain: [], delete: [], recycle: [...recycledNames] };
 
   if (enabled.length < desired) {
     const missing = desired - enabled.length;

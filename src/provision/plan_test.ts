@@ -81,13 +81,13 @@ Deno.test("plan: a drained exporter is re-enabled when demand returns, before cr
 Deno.test("plan: ExitAndReplace replaces an exporter whose lease ended; InPlaceReuse keeps it", () => {
   const exporters = [ex("a1", { leaseEnded: true })];
   const replace = plan(input({ exporters }));
-  assert.deepEqual(replace.delete, ["a1"]);
+  assert.deepEqual([replace.recycle, replace.delete], [["a1"], []]);
   assert.equal(replace.create, 1);
   const reuse = plan(input({
     exporters,
     spec: { virtualTargetClassName: "c", minAvailableReplicas: 1, recycleStrategy: "InPlaceReuse" },
   }));
-  assert.deepEqual(reuse.delete, []);
+  assert.deepEqual([reuse.recycle, reuse.delete], [[], []]);
   assert.equal(reuse.create, 0);
 });
 

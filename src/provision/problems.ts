@@ -3,15 +3,17 @@ import { SshError } from "../host/ssh.ts";
 import type { Problem } from "./status.ts";
 
 /** Problems that fix themselves (a host back online) are retried sooner than those that wait for a person. */
-const TRANSIENT_PROBLEMS = new Set(["HostUnreachable", "TeardownFailed", "MoveBlocked"]);
+const TRANSIENT_PROBLEMS = new Set(["HostUnreachable", "HostBusy", "TeardownFailed", "MoveBlocked"]);
 const TRANSIENT_RETRY_MS = 10_000;
 const PROBLEM_RETRY_MS = 30_000;
 
 /**
- * Refusals of the apply script that a person fixes on the host, by error code (host/remote.ts), under their own
- * reason; any other failed apply is DeployFailed.
+ * Refusals of the apply script that have their own reason, by error code (host/remote.ts): most wait for a person to
+ * fix the host; any other failed apply is DeployFailed.
  */
 const REFUSAL_REASONS = new Map([
+  // another script held the host's lock past its bound: nothing to fix, retried soon (TRANSIENT_PROBLEMS)
+  ["host-busy", "HostBusy"],
   ["kvm-missing", "KvmMissing"],
   ["kvm-denied", "KvmDenied"],
   ["podman-too-old", "PodmanTooOld"],

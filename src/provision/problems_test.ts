@@ -5,6 +5,7 @@ Deno.test("applyFailureReason: refusals a person fixes on the host have their ow
   assert.equal(applyFailureReason("podman-too-old"), "PodmanTooOld");
   assert.equal(applyFailureReason("kvm-missing"), "KvmMissing");
   assert.equal(applyFailureReason("kvm-denied"), "KvmDenied");
+  assert.equal(applyFailureReason("host-busy"), "HostBusy");
   for (const code of ["missing-tool", "not-owned", "unit-missing", "step-failed", "incomplete", "exit", undefined]) {
     assert.equal(applyFailureReason(code), "DeployFailed", String(code));
   }
@@ -25,5 +26,6 @@ Deno.test("applyFailureText: names the host, then every error", () => {
 Deno.test("retryAfterMs: PodmanTooOld waits for a person, like other refusals", () => {
   assert.equal(retryAfterMs(300_000, [{ reason: "PodmanTooOld", message: "" }]), 30_000);
   assert.equal(retryAfterMs(300_000, [{ reason: "HostUnreachable", message: "" }]), 10_000);
+  assert.equal(retryAfterMs(300_000, [{ reason: "HostBusy", message: "" }]), 10_000, "a lock held too long: soon");
   assert.equal(retryAfterMs(300_000, []), 300_000);
 });

@@ -323,6 +323,36 @@ Deno.test("reconcile: ExitAndReplace replaces an instance once a Lease naming it
   assert.equal(w.hosts.instance(HOST, a.metadata.name!), undefined);
 });
 
+Deno.test("reconcile: ExitAndReplace disables before it deletes, and keeps one that took a new lease (#935)", async () => {
+  const w = new World();
+  const [a] = await w.deployed();
+  const name = a.metadata.name!;
+  w.lease("l1", name, true);
+  // Jumpstarter hands the exporter the next lease just as the set disables it
+  const patch = w.kube.mergePatch.bind(w.kube);
+  w.kube.mergePatch = async <T>(...args: Parameters<typeof patch>) => {
+    const out = await patch<T>(...args);
+    if (args[2] === name && JSON.stringify(args[3]) === '{"spec":{"enabled":false}}') {
+      w.patchExporterStatus(name, { leaseRef: { name: "l2" } });
+    }
+    return out;
+  };
+  await w.reconcile();
+  const own = (s: string) => s.endsWith(`/${name}`);
+  assert.deepEqual(w.kube.writes.filter(own).slice(-1), [`patch exporters ${NS}/${name}`], "disabled, not deleted");
+  assert.equal(w.exporter(name)?.spec?.enabled, false);
+  assert.ok(!w.exporter(name)?.metadata.deletionTimestamp, "the new lease keeps it");
+  assert.ok(w.events.some((e) => e.reason === "RecycleDeferred" && e.message.includes("lease l2")));
+  // the second lease ends too: now it is replaced, without another disable
+  w.kube.mergePatch = patch;
+  w.patchExporterStatus(name, { leaseRef: undefined });
+  w.lease("l2", name, true);
+  const writes = w.kube.writes.length;
+  await w.reconcile();
+  assert.deepEqual(w.kube.writes.slice(writes).filter(own), [`delete exporters ${NS}/${name}`]);
+  assert.ok(w.exporter(name)?.metadata.deletionTimestamp, "replaced once unleased");
+});
+
 Deno.test("reconcile: an exporter down without its lease ending is started with back-off, Degraded after 3", async () => {
   const w = new World();
   const [a] = await w.deployed();

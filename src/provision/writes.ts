@@ -3,7 +3,9 @@
  * set's status. Each write records its Event on the set or Exporter.
  */
 import type { Exporter, ExporterSet, ExporterSetStatus } from "../api/types.ts";
+import { isConflict, isNotFound } from "../kube/client.ts";
 import { EXPORTER_SETS, EXPORTERS } from "../kube/resources.ts";
+import { leaseHolding } from "./leases.ts";
 import type { Context } from "./context.ts";
 import { FINALIZER, SET_LABEL } from "./marks.ts";
 import type { Plan } from "./plan.ts";
@@ -21,6 +23,39 @@ export async function act(ctx: Context, set: ExporterSet, p: Plan): Promise<void
     await ctx.client.delete(EXPORTERS, ns, n);
     ctx.recorder.event(set, "Normal", "DeletingExporter", `deleting exporter ${n}`);
   }
+  for (const n of p.recycle) await recycle(ctx, set, ns, n);
+}
+
+/**
+ * ExitAndReplace without the race of upstream #935: right after its lease ended an exporter can look available, and
+ * Jumpstarter may hand it the next lease just before we delete it. So it is disabled first (no new lease), then read
+ * afresh, and deleted only if it is still unleased, and only as read (a lease bound meanwhile changes its version, and
+ * the delete fails its precondition: the next reconcile looks again).
+ */
+async function recycle(ctx: Context, set: ExporterSet, ns: string, name: string): Promise<void> {
+  if (ctx.caches.exporters.get(ns, name)?.spec?.enabled !== false) {
+    try {
+      await ctx.client.mergePatch(EXPORTERS, ns, name, { spec: { enabled: false } });
+    } catch (err) {
+      // gone already (the cache lags): nothing left to recycle
+      if (isNotFound(err)) return;
+      throw err;
+    }
+  }
+  const fresh = await ctx.client.find<Exporter>(EXPORTERS, ns, name);
+  if (!fresh || fresh.metadata.deletionTimestamp) return;
+  const lease = leaseHolding(fresh, ctx.caches.leases.list(ns));
+  if (lease) {
+    ctx.recorder.event(set, "Normal", "RecycleDeferred", `${name} took lease ${lease} before it was replaced`);
+    return;
+  }
+  try {
+    await ctx.client.delete(EXPORTERS, ns, name, { resourceVersion: fresh.metadata.resourceVersion });
+  } catch (err) {
+    if (isConflict(err)) return;
+    throw err;
+  }
+  ctx.recorder.event(set, "Normal", "DeletingExporter", `deleting exporter ${name}, its lease ended`);
 }
 
 /** Exporters this process created for the set that the cache does not show yet. */

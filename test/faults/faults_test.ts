@@ -71,7 +71,8 @@ Deno.test({
 });
 
 Deno.test({
-  name: `faults: the set changes while others stay: scale up/down, host move, image change, re-create (${REPS}x)`,
+  name:
+    `faults: the set changes while others stay: scale up/down, image change (concurrent applies), host move, re-create (${REPS}x)`,
   ...opts,
   async fn() {
     const rs = await changeScenario(REPS);
