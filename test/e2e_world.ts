@@ -46,7 +46,14 @@ export interface WorldOptions {
   resyncMs?: number;
   concurrency?: number;
   pool?: SshPoolOptions;
+  /** Names the cluster in the instances' ownership (default TEST_CLUSTER_ID). */
+  clusterId?: string;
+  sweepMs?: number;
+  teardownGraceMs?: number;
 }
+
+/** The cluster id of test controllers that do not read their cluster's (run.ts readClusterId does). */
+export const TEST_CLUSTER_ID = "test-cluster";
 
 export async function world(opts: WorldOptions = {}): Promise<World> {
   const env = await testEnv();
@@ -96,7 +103,9 @@ export function ourController(
     provisioner: "qemu-ssh.jumpstarter.dev",
     namespace,
     resyncMs: opts.resyncMs ?? 60_000,
-    sweepMs: 3_600_000,
+    sweepMs: opts.sweepMs ?? 3_600_000,
+    teardownGraceMs: opts.teardownGraceMs,
+    clusterId: opts.clusterId ?? TEST_CLUSTER_ID,
     concurrency: opts.concurrency,
   });
   return { controller, hosts, pool };

@@ -10,6 +10,7 @@ import { Buffer } from "node:buffer";
 import { freshNamespace, seedExample, testEnv, waitFor } from "./env.ts";
 import { DEFAULT_LAB_HOSTS } from "../src/host/lab_hosts.ts";
 import { startFakeJumpstarter } from "./fake_jumpstarter.ts";
+import { TEST_CLUSTER_ID } from "./e2e_world.ts";
 import { hostExec, type LabHost } from "./labhost/labhost.ts";
 import { KubeClient, type Resource, resourcePath } from "../src/kube/client.ts";
 import { EVENTS, EXPORTER_SETS, EXPORTERS, SECRETS, VIRTUAL_TARGET_CLASSES } from "../src/kube/resources.ts";
@@ -318,6 +319,7 @@ async function wholeJobAs(rules: PolicyRule[], prefix: string, host: LabHost): P
       namespace: ns,
       resyncMs: 60_000,
       sweepMs: 3_600_000,
+      clusterId: TEST_CLUSTER_ID,
     });
     await controller.start();
 

@@ -26,6 +26,7 @@ import type { Logger } from "../observe/log.ts";
 import type { Metrics } from "../observe/metrics.ts";
 import type { HostOps } from "../host/lab.ts";
 import type { HostInspection } from "../host/remote.ts";
+import type { LabTarget } from "./credentials.ts";
 
 /** The kinds reconciling reads from caches, by cache. */
 export interface Cached {
@@ -62,6 +63,13 @@ export interface Context {
   log: Logger;
   metrics: Metrics;
   provisioner: string;
+  /** Written into every instance's ownership line and labels; the sweep removes only instances that carry it. */
+  identity: string;
+  /**
+   * How long an Exporter being deleted may wait for its instance to be torn down; then its finalizer goes anyway,
+   * with a Warning event, and its host is remembered for the sweep (teardown.ts).
+   */
+  teardownGraceMs: number;
   now: () => Date;
   /** Check every instance on its host at least this often, to repair drift there (host_checks.ts). */
   resyncMs: number;
@@ -80,6 +88,17 @@ export interface Context {
   finalized: Map<string, string>;
   /** The latest inspection per lab host and key, shared by the drift checks and the sweep (host_checks.ts). */
   inspections: Map<string, HostCheck>;
+  /**
+   * The SSH credentials each lab host (user@host:port) was last reached with, newest last, a few per host: teardown
+   * tries them after the current ones, so it works after the Secret, the class or the namespace went, or the key was
+   * rotated (credentials.ts rememberTarget). In memory only: a restart forgets them.
+   */
+  knownTargets: Map<string, LabTarget[]>;
+  /**
+   * Hosts whose instances an Exporter left behind when its finalizer went without a teardown: the sweep visits them
+   * until one pass there succeeds. In memory only.
+   */
+  leftOn: Map<string, LabTarget>;
 }
 
 export interface HostCheck {
@@ -90,7 +109,17 @@ export interface HostCheck {
 
 /** A context with empty memory. */
 export function newContext(
-  deps: Omit<Context, "applied" | "expectations" | "statuses" | "exporterFailures" | "finalized" | "inspections">,
+  deps: Omit<
+    Context,
+    | "applied"
+    | "expectations"
+    | "statuses"
+    | "exporterFailures"
+    | "finalized"
+    | "inspections"
+    | "knownTargets"
+    | "leftOn"
+  >,
 ): Context {
   return {
     ...deps,
@@ -100,6 +129,8 @@ export function newContext(
     exporterFailures: new Map(),
     finalized: new Map(),
     inspections: new Map(),
+    knownTargets: new Map(),
+    leftOn: new Map(),
   };
 }
 

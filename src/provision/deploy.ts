@@ -143,6 +143,7 @@ async function deploy(
     token,
     caBundle: caBundle(ctx, cls),
     retain: cls.spec.reclaimPolicy === "Retain",
+    controller: ctx.identity,
   });
   const rendered = renderInstance(instance);
   const hash = createHash("sha256").update(JSON.stringify(rendered)).update(JSON.stringify(target)).digest("hex");

@@ -23,6 +23,13 @@ export function ownerSetName(e: Exporter): string | undefined {
 }
 
 /**
+ * The set whose reconcile looks after the Exporter: its owner's; for one of ours that lost its owner reference
+ * (`kubectl delete exporterset --cascade=orphan`), the set its label names, so its deletion is still torn down.
+ */
+export const routedSetName = (e: Exporter): string | undefined =>
+  setOwner(e) ? setOwner(e)!.name : isOurs(e) ? e.metadata.labels![SET_LABEL] : undefined;
+
+/**
  * Whether the instance was ever up on its host: the host annotation is written only then (the target annotation
  * before the first attempt). Only such an instance can be "unseen"; one never deployed is simply not ready.
  */

@@ -10,6 +10,7 @@ import { FakeKube } from "../kube/fake_client.ts";
 import type { Outcome } from "../kube/queue.ts";
 import { EXPORTER_SETS, EXPORTERS, JUMPSTARTER_LEASES, SECRETS, VIRTUAL_TARGET_CLASSES } from "../kube/resources.ts";
 import { FakeHosts } from "../host/fake_hosts.ts";
+import { controllerIdentity } from "../host/render.ts";
 import { silentLogger } from "../observe/log.ts";
 import { Metrics } from "../observe/metrics.ts";
 import { type Caches, cachesFrom, type Context, newContext } from "./context.ts";
@@ -21,6 +22,8 @@ import { TARGET_ANNOTATION } from "./targets.ts";
 const NS = "lab";
 const SET = "pool";
 const HOST = "lab-host-01.example.com";
+const IDENTITY = controllerIdentity("cluster-a", PROVISIONER);
+const GRACE_MS = 120_000;
 
 async function privateKey(): Promise<string> {
   const dir = await Deno.makeTempDir({ prefix: "reconcile_test" });
@@ -62,6 +65,8 @@ class World {
       log: silentLogger,
       metrics: new Metrics(),
       provisioner: PROVISIONER,
+      identity: IDENTITY,
+      teardownGraceMs: GRACE_MS,
       now: () => this.clock,
       resyncMs: 5 * 60_000,
     });
