@@ -12,7 +12,7 @@ import type { LabTarget } from "./credentials.ts";
 import type { AppliedState, Context } from "./context.ts";
 import { deployAll, type Deployed, ROLL_NEXT_MS } from "./deploy.ts";
 import { isLeased, leaseState, pendingDemand } from "./leases.ts";
-import { routedSetName, SET_LABEL, wasDeployed } from "./marks.ts";
+import { routedSetName, SET_LABEL, templateMarks, wasDeployed } from "./marks.ts";
 import { fieldErrorLine } from "./params.ts";
 import { type ExporterView, plan, selectorString, withDefaults } from "./plan.ts";
 import { retryAfterMs } from "./problems.ts";
@@ -151,7 +151,7 @@ function statusBasics(ctx: Context, set: ExporterSet, old: ExporterSetStatus | u
     now: ctx.now(),
     // our set label keeps the selector from spanning sets whose template labels overlap
     selector: selectorString({
-      ...set.spec.template?.metadata?.labels ?? set.spec.selector?.matchLabels,
+      ...set.spec.template?.metadata?.labels ? templateMarks(set).labels : set.spec.selector?.matchLabels,
       [SET_LABEL]: set.metadata.name!,
     }),
     minReplicas: s.minReplicas,
