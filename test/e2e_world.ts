@@ -8,7 +8,15 @@ import { freshNamespace, seedExample, testEnv, waitFor } from "./env.ts";
 import { type FakeJumpstarter, startFakeJumpstarter } from "./fake_jumpstarter.ts";
 import { hostExec, type LabHost } from "./labhost/labhost.ts";
 import { KubeClient } from "../src/kube/client.ts";
-import { EVENTS, EXPORTER_SETS, EXPORTERS, SECRETS, VIRTUAL_TARGET_CLASSES } from "../src/kube/resources.ts";
+import {
+  EVENTS,
+  EXPORTER_SETS,
+  EXPORTERS,
+  NAMESPACES,
+  SECRETS,
+  VIRTUAL_TARGET_CLASSES,
+} from "../src/kube/resources.ts";
+import { readClusterId } from "../src/run.ts";
 import type { Exporter, ExporterSet, KubeObject, Secret, VirtualTargetClass } from "../src/api/types.ts";
 import { SshPool, type SshPoolOptions, type SshTarget } from "../src/host/ssh.ts";
 import { LabHosts } from "../src/host/lab.ts";
@@ -46,6 +54,10 @@ export interface WorldOptions {
   resyncMs?: number;
   concurrency?: number;
   pool?: SshPoolOptions;
+  /** Another cluster's admin kubeconfig (default: the run's control plane). */
+  kubeconfig?: string;
+  /** The namespace to create (default: a fresh random name). */
+  namespace?: string;
   /** Names the cluster in the instances' ownership (default TEST_CLUSTER_ID). */
   clusterId?: string;
   sweepMs?: number;
@@ -57,12 +69,14 @@ export const TEST_CLUSTER_ID = "test-cluster";
 
 export async function world(opts: WorldOptions = {}): Promise<World> {
   const env = await testEnv();
-  const client = await KubeClient.load(env.kubeconfig);
-  const ns = await freshNamespace(client, "e2e");
+  const client = await KubeClient.load(opts.kubeconfig ?? env.kubeconfig);
+  const ns = opts.namespace ?? await freshNamespace(client, "e2e");
+  if (opts.namespace) await client.create(NAMESPACES, { metadata: { name: ns } });
   const [host, host2] = env.labhosts;
   const fake = startFakeJumpstarter(client, ns);
   const aliases: Record<string, string> = { [SEED_HOST]: host.address, [SECOND_HOST]: host2.address };
-  const ours = ourController(client, ns, aliases, opts);
+  // the cluster's own id, read as `run` reads it
+  const ours = ourController(client, ns, aliases, { ...opts, clusterId: await readClusterId(client, opts.clusterId) });
   if (opts.startController !== false) await ours.controller.start();
   return {
     client,
