@@ -16,6 +16,7 @@ import { type HealthServer, parseBindAddress, serveHealth } from "./observe/heal
 import { SshPool } from "./host/ssh.ts";
 import { LabHosts } from "./host/lab.ts";
 import { Controller } from "./provision/controller.ts";
+import { cachesFrom } from "./provision/context.ts";
 import { type LabTarget } from "./provision/credentials.ts";
 import { pinHostKey } from "./provision/host_keys.ts";
 
@@ -85,6 +86,8 @@ export async function runController(o: RunOptions): Promise<number> {
       }),
     "counter",
   );
+  // exactly what the controller's informers will watch (cachesFrom makes them), read once before anything starts
+  await preflight(client, Object.values(cachesFrom((r) => r)), o.namespace, o.kubeconfig);
   const clusterId = await readClusterId(client, o.clusterId);
   log.info("cluster identity", { clusterId, provisioner: o.provisioner });
   const controller = new Controller({
@@ -101,9 +104,6 @@ export async function runController(o: RunOptions): Promise<number> {
     metrics,
     fence: fence.signal,
   });
-  // exactly what the controller's informers will watch, read once before anything starts
-  const watched = Object.values(controller.caches).map((informer) => informer.resource);
-  await preflight(client, watched, o.namespace, o.kubeconfig);
 
   // A standby replica is ready (it is healthy, just waiting); the leader once its caches are synced.
   let leading = !o.leaderElect;
@@ -153,7 +153,10 @@ export async function runController(o: RunOptions): Promise<number> {
  * that does not let us read it stops here with the fix named, as guessing would let two clusters take each other's
  * instances for their own orphans.
  */
-export async function readClusterId(client: KubeClient, given: string | undefined): Promise<string> {
+export async function readClusterId(
+  client: Pick<KubeClient, "find" | "server">,
+  given: string | undefined,
+): Promise<string> {
   if (given !== undefined) return given;
   const fix = "grant get on namespaces/kube-system (manifests/clusterrole.yaml and clusterrolebinding.yaml), or " +
     "name this cluster with --cluster-id, unique among the clusters that share lab hosts";
