@@ -58,14 +58,11 @@ export interface WorldOptions {
   kubeconfig?: string;
   /** The namespace to create (default: a fresh random name). */
   namespace?: string;
-  /** Names the cluster in the instances' ownership (default TEST_CLUSTER_ID). */
+  /** Names the cluster in the instances' ownership (default: read from the cluster, as `run` does). */
   clusterId?: string;
   sweepMs?: number;
   teardownGraceMs?: number;
 }
-
-/** The cluster id of test controllers that do not read their cluster's (run.ts readClusterId does). */
-export const TEST_CLUSTER_ID = "test-cluster";
 
 export async function world(opts: WorldOptions = {}): Promise<World> {
   const env = await testEnv();
@@ -103,7 +100,7 @@ export function ourController(
   client: KubeClient,
   namespace: string,
   aliases: Record<string, string>,
-  opts: Omit<WorldOptions, "startController"> = {},
+  opts: Omit<WorldOptions, "startController"> & { clusterId: string },
 ): { controller: Controller; hosts: LabHosts; pool: SshPool } {
   const pool = new SshPool({
     ...opts.pool,
@@ -119,7 +116,7 @@ export function ourController(
     resyncMs: opts.resyncMs ?? 60_000,
     sweepMs: opts.sweepMs ?? 3_600_000,
     teardownGraceMs: opts.teardownGraceMs,
-    clusterId: opts.clusterId ?? TEST_CLUSTER_ID,
+    clusterId: opts.clusterId,
     concurrency: opts.concurrency,
   });
   return { controller, hosts, pool };
