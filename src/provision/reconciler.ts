@@ -56,7 +56,6 @@ export async function reconcile(ctx: Context, key: string): Promise<Outcome> {
     !!set.metadata.deletionTimestamp,
   );
   problems.push(...teardown.problems);
-  const soonest = (...ms: (number | undefined)[]) => Math.min(...ms.map((m) => m ?? Infinity));
   if (!cls) {
     await writeStatus(
       ctx,
@@ -65,7 +64,7 @@ export async function reconcile(ctx: Context, key: string): Promise<Outcome> {
       old,
       computeStatus({ ...statusBasics(ctx, set, old), classMissing: set.spec.virtualTargetClassName }),
     );
-    const requeueAfterMs = soonest(orphanOutcome.requeueAfterMs, teardown.requeueAfterMs);
+    const requeueAfterMs = Math.min(orphanOutcome.requeueAfterMs ?? Infinity, teardown.requeueAfterMs ?? Infinity);
     return requeueAfterMs === Infinity ? {} : { requeueAfterMs };
   }
   // 2. Deploy or refresh what has credentials.
