@@ -7,6 +7,8 @@ import {
   KubeError,
   type Resource,
 } from "./kube/client.ts";
+import { NAMESPACES } from "./kube/resources.ts";
+import type { KubeObject } from "./api/types.ts";
 import { acquireLeadership, fencedApi, type Leadership } from "./kube/leader.ts";
 import { createLogger, type Level } from "./observe/log.ts";
 import { Metrics } from "./observe/metrics.ts";
@@ -14,6 +16,7 @@ import { type HealthServer, parseBindAddress, serveHealth } from "./observe/heal
 import { SshPool } from "./host/ssh.ts";
 import { LabHosts } from "./host/lab.ts";
 import { Controller } from "./provision/controller.ts";
+import { cachesFrom } from "./provision/context.ts";
 import { type LabTarget } from "./provision/credentials.ts";
 import { pinHostKey } from "./provision/host_keys.ts";
 
@@ -28,6 +31,9 @@ export interface RunOptions {
   logFormat: "text" | "json";
   resyncMs: number;
   sweepMs: number;
+  teardownGraceMs: number;
+  /** --cluster-id; undefined: the kube-system namespace's uid (readClusterId). */
+  clusterId?: string;
   /** undefined: the controller's default. */
   concurrency?: number;
   /** --lab-hosts as given: the network permission already enforces it; named here in refusals. */
@@ -80,6 +86,10 @@ export async function runController(o: RunOptions): Promise<number> {
       }),
     "counter",
   );
+  // exactly what the controller's informers will watch (cachesFrom makes them), read once before anything starts
+  await preflight(client, Object.values(cachesFrom((r) => r)), o.namespace, o.kubeconfig);
+  const clusterId = await readClusterId(client, o.clusterId);
+  log.info("cluster identity", { clusterId, provisioner: o.provisioner });
   const controller = new Controller({
     client,
     hosts: new LabHosts(pool, { hostAliases: o.hostAliases, labHosts: o.labHosts, metrics, fence: fence.signal }),
@@ -88,13 +98,12 @@ export async function runController(o: RunOptions): Promise<number> {
     namespace: o.namespace,
     resyncMs: o.resyncMs,
     sweepMs: o.sweepMs,
+    teardownGraceMs: o.teardownGraceMs,
+    clusterId,
     concurrency: o.concurrency,
     metrics,
     fence: fence.signal,
   });
-  // exactly what the controller's informers will watch, read once before anything starts
-  const watched = Object.values(controller.caches).map((informer) => informer.resource);
-  await preflight(client, watched, o.namespace, o.kubeconfig);
 
   // A standby replica is ready (it is healthy, just waiting); the leader once its caches are synced.
   let leading = !o.leaderElect;
@@ -135,6 +144,31 @@ export async function runController(o: RunOptions): Promise<number> {
     client.close();
     log.info("stopped");
     return code;
+  }
+}
+
+/**
+ * What names this cluster in the ownership of the instances on the lab hosts: `given` (--cluster-id), else the uid
+ * of the kube-system namespace, which every cluster has and no other cluster shares. Read once at start; a cluster
+ * that does not let us read it stops here with the fix named, as guessing would let two clusters take each other's
+ * instances for their own orphans.
+ */
+export async function readClusterId(
+  client: Pick<KubeClient, "find" | "server">,
+  given: string | undefined,
+): Promise<string> {
+  if (given !== undefined) return given;
+  const fix = "grant get on namespaces/kube-system (manifests/clusterrole.yaml and clusterrolebinding.yaml), or " +
+    "name this cluster with --cluster-id, unique among the clusters that share lab hosts";
+  try {
+    const ns = await client.find<KubeObject>(NAMESPACES, undefined, "kube-system");
+    if (ns?.metadata.uid) return ns.metadata.uid;
+    throw new Error(`the API server at ${client.server} has no namespace kube-system to name this cluster: ${fix}`);
+  } catch (e) {
+    if (e instanceof KubeError && e.status === 403) {
+      throw new Error(`forbidden to read namespace kube-system, whose uid names this cluster: ${fix}`);
+    }
+    throw e;
   }
 }
 

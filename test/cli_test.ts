@@ -54,6 +54,15 @@ Deno.test("cli: kubebuilder's --zap-* flags are understood or ignored with a war
   assert.deepEqual(parseRunFlags([]).warnings, []);
 });
 
+Deno.test("cli: --teardown-grace bounds a teardown (default 2 minutes); --cluster-id is one safe word", () => {
+  assert.equal(parseRunFlags([]).teardownGraceMs, 120_000);
+  assert.equal(parseRunFlags(["--teardown-grace=15"]).teardownGraceMs, 15_000);
+  assert.throws(() => parseRunFlags(["--teardown-grace=0"]), /--teardown-grace must be a number of seconds/);
+  assert.equal(parseRunFlags([]).clusterId, undefined, "read from the cluster at start");
+  assert.equal(parseRunFlags(["--cluster-id=staging-eu.1"]).clusterId, "staging-eu.1");
+  assert.throws(() => parseRunFlags(["--cluster-id=a b"]), /--cluster-id must be/);
+});
+
 Deno.test("cli: --lab-hosts is checked at start; the environment sets it for a Deployment", () => {
   assert.equal(parseRunFlags([]).labHosts, "10.0.0.0/8:22,172.16.0.0/12:22,192.168.0.0/16:22");
   assert.equal(parseRunFlags(["--lab-hosts=lab-host-01.example.com"]).labHosts, "lab-host-01.example.com");

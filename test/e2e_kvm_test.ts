@@ -11,6 +11,7 @@ import assert from "node:assert/strict";
 import { Buffer } from "node:buffer";
 import { privateLabNet, testEnv, waitFor } from "./env.ts";
 import { ourController, sh } from "./e2e_world.ts";
+import { readClusterId } from "../src/run.ts";
 import { type LabHost, startLabHosts, stopLabHosts } from "./labhost/labhost.ts";
 import { type RealJumpstarter, startRealJumpstarter } from "./jumpstarter/controller.ts";
 import { KubeClient } from "../src/kube/client.ts";
@@ -169,7 +170,10 @@ Deno.test({
       bridgeAddress: `${net.subnet}.1`,
       dir: `${dir}/jumpstarter`,
     });
-    ours = ourController(client, NS, { [HOST]: host.address }, { resyncMs: 10_000 });
+    ours = ourController(client, NS, { [HOST]: host.address }, {
+      resyncMs: 10_000,
+      clusterId: await readClusterId(client, undefined),
+    });
     await ours.controller.start();
     const kvmGid = (await sh(host, "stat -c '%a %g' /dev/kvm")).trim().split(" ");
     assert.equal(kvmGid[0], "660", "the lab host's /dev/kvm is 0660 root:kvm, as Debian ships it");

@@ -9,6 +9,7 @@ import assert from "node:assert/strict";
 import { Buffer } from "node:buffer";
 import { privateLabNet, seedExample, testEnv, waitFor } from "./env.ts";
 import { ourController, SEED_HOST, SET, sh } from "./e2e_world.ts";
+import { readClusterId } from "../src/run.ts";
 import { hostExec, type LabHost, startLabHosts, stopLabHosts } from "./labhost/labhost.ts";
 import { type RealJumpstarter, startRealJumpstarter } from "./jumpstarter/controller.ts";
 import { KubeClient } from "../src/kube/client.ts";
@@ -83,7 +84,10 @@ Deno.test(
         dir: `${marker}/jumpstarter`,
       });
       console.log(`  Jumpstarter controller ready after ${secs(t1)}`);
-      ours = ourController(client, NS, { [SEED_HOST]: host.address }, { resyncMs: 10_000 });
+      ours = ourController(client, NS, { [SEED_HOST]: host.address }, {
+        resyncMs: 10_000,
+        clusterId: await readClusterId(client, undefined),
+      });
       await ours.controller.start();
       const realJs = js;
 

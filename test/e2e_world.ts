@@ -8,7 +8,15 @@ import { freshNamespace, seedExample, testEnv, waitFor } from "./env.ts";
 import { type FakeJumpstarter, startFakeJumpstarter } from "./fake_jumpstarter.ts";
 import { hostExec, type LabHost } from "./labhost/labhost.ts";
 import { KubeClient } from "../src/kube/client.ts";
-import { EVENTS, EXPORTER_SETS, EXPORTERS, SECRETS, VIRTUAL_TARGET_CLASSES } from "../src/kube/resources.ts";
+import {
+  EVENTS,
+  EXPORTER_SETS,
+  EXPORTERS,
+  NAMESPACES,
+  SECRETS,
+  VIRTUAL_TARGET_CLASSES,
+} from "../src/kube/resources.ts";
+import { readClusterId } from "../src/run.ts";
 import type { Exporter, ExporterSet, KubeObject, Secret, VirtualTargetClass } from "../src/api/types.ts";
 import { SshPool, type SshPoolOptions, type SshTarget } from "../src/host/ssh.ts";
 import { LabHosts } from "../src/host/lab.ts";
@@ -46,16 +54,26 @@ export interface WorldOptions {
   resyncMs?: number;
   concurrency?: number;
   pool?: SshPoolOptions;
+  /** Another cluster's admin kubeconfig (default: the run's control plane). */
+  kubeconfig?: string;
+  /** The namespace to create (default: a fresh random name). */
+  namespace?: string;
+  /** Names the cluster in the instances' ownership (default: read from the cluster, as `run` does). */
+  clusterId?: string;
+  sweepMs?: number;
+  teardownGraceMs?: number;
 }
 
 export async function world(opts: WorldOptions = {}): Promise<World> {
   const env = await testEnv();
-  const client = await KubeClient.load(env.kubeconfig);
-  const ns = await freshNamespace(client, "e2e");
+  const client = await KubeClient.load(opts.kubeconfig ?? env.kubeconfig);
+  const ns = opts.namespace ?? await freshNamespace(client, "e2e");
+  if (opts.namespace) await client.create(NAMESPACES, { metadata: { name: ns } });
   const [host, host2] = env.labhosts;
   const fake = startFakeJumpstarter(client, ns);
   const aliases: Record<string, string> = { [SEED_HOST]: host.address, [SECOND_HOST]: host2.address };
-  const ours = ourController(client, ns, aliases, opts);
+  // the cluster's own id, read as `run` reads it
+  const ours = ourController(client, ns, aliases, { ...opts, clusterId: await readClusterId(client, opts.clusterId) });
   if (opts.startController !== false) await ours.controller.start();
   return {
     client,
@@ -82,7 +100,7 @@ export function ourController(
   client: KubeClient,
   namespace: string,
   aliases: Record<string, string>,
-  opts: Omit<WorldOptions, "startController"> = {},
+  opts: Omit<WorldOptions, "startController"> & { clusterId: string },
 ): { controller: Controller; hosts: LabHosts; pool: SshPool } {
   const pool = new SshPool({
     ...opts.pool,
@@ -96,7 +114,9 @@ export function ourController(
     provisioner: "qemu-ssh.jumpstarter.dev",
     namespace,
     resyncMs: opts.resyncMs ?? 60_000,
-    sweepMs: 3_600_000,
+    sweepMs: opts.sweepMs ?? 3_600_000,
+    teardownGraceMs: opts.teardownGraceMs,
+    clusterId: opts.clusterId,
     concurrency: opts.concurrency,
   });
   return { controller, hosts, pool };

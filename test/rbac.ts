@@ -32,6 +32,18 @@ export const ROLE_BINDINGS: Resource = {
   plural: "rolebindings",
   kind: "RoleBinding",
 };
+export const CLUSTER_ROLES: Resource = {
+  group: "rbac.authorization.k8s.io",
+  version: "v1",
+  plural: "clusterroles",
+  kind: "ClusterRole",
+};
+export const CLUSTER_ROLE_BINDINGS: Resource = {
+  group: "rbac.authorization.k8s.io",
+  version: "v1",
+  plural: "clusterrolebindings",
+  kind: "ClusterRoleBinding",
+};
 export const DEPLOYMENTS: Resource = { group: "apps", version: "v1", plural: "deployments", kind: "Deployment" };
 
 /** A manifest retargeted to a namespace (the RoleBinding's subject too). */

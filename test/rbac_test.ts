@@ -12,7 +12,15 @@ import { DEFAULT_LAB_HOSTS } from "../src/host/lab_hosts.ts";
 import { startFakeJumpstarter } from "./fake_jumpstarter.ts";
 import { hostExec, type LabHost } from "./labhost/labhost.ts";
 import { KubeClient, type Resource, resourcePath } from "../src/kube/client.ts";
-import { EVENTS, EXPORTER_SETS, EXPORTERS, SECRETS, VIRTUAL_TARGET_CLASSES } from "../src/kube/resources.ts";
+import {
+  EVENTS,
+  EXPORTER_SETS,
+  EXPORTERS,
+  NAMESPACES,
+  SECRETS,
+  VIRTUAL_TARGET_CLASSES,
+} from "../src/kube/resources.ts";
+import { readClusterId } from "../src/run.ts";
 import type { Exporter, ExporterSet, KubeObject, Secret } from "../src/api/types.ts";
 import { SshPool } from "../src/host/ssh.ts";
 import { LabHosts } from "../src/host/lab.ts";
@@ -22,6 +30,8 @@ import type { LabTarget } from "../src/provision/credentials.ts";
 import { acquireLeadership } from "../src/kube/leader.ts";
 import { createLogger } from "../src/observe/log.ts";
 import {
+  CLUSTER_ROLE_BINDINGS,
+  CLUSTER_ROLES,
   DEPLOYMENTS,
   inNamespace,
   installControllerRbac,
@@ -318,6 +328,8 @@ async function wholeJobAs(rules: PolicyRule[], prefix: string, host: LabHost): P
       namespace: ns,
       resyncMs: 60_000,
       sweepMs: 3_600_000,
+      // the Role alone cannot read kube-system (manifests/clusterrole.yaml can: see the test below)
+      clusterId: `rbac-test-${ns}`,
     });
     await controller.start();
 
@@ -405,5 +417,44 @@ Deno.test({
     const env = await testEnv();
     const run = await wholeJobAs(OPERATOR_RULES, "rbac-operator", env.labhosts[1] ?? env.labhosts[0]);
     console.log(`  whole job in ${run.seconds.toFixed(1)}s`);
+  },
+});
+
+Deno.test({
+  name: "rbac: the cluster id needs manifests/clusterrole.yaml; without it the start fails naming that fix",
+  sanitizeResources: false,
+  sanitizeOps: false,
+  async fn() {
+    const env = await testEnv();
+    const admin = await KubeClient.load(env.kubeconfig);
+    const dir = await Deno.makeTempDir({ prefix: "qsp-rbac-id-" });
+    const ns = await freshNamespace(admin, "rbac-id");
+    const sa = await KubeClient.load(await installControllerRbac(admin, env.kubeconfig, ns, dir));
+    await waitFor(() => sa.list(EXPORTER_SETS, ns).then(() => true), { what: "the Role to take effect" });
+    await assert.rejects(
+      readClusterId(sa, undefined),
+      /forbidden to read namespace kube-system.*manifests\/clusterrole\.yaml.*--cluster-id/,
+    );
+    // cluster-scoped: named for this test's namespace, so runs side by side do not share them
+    const role = await manifest<KubeObject>("clusterrole.yaml");
+    role.metadata.name = `${role.metadata.name}-${ns}`;
+    const binding = await inNamespace<KubeObject & { roleRef: { name: string } }>("clusterrolebinding.yaml", ns);
+    delete binding.metadata.namespace;
+    binding.metadata.name = role.metadata.name;
+    binding.roleRef.name = role.metadata.name!;
+    try {
+      await admin.create(CLUSTER_ROLES, role);
+      await admin.create(CLUSTER_ROLE_BINDINGS, binding);
+      const uid = (await admin.get<KubeObject>(NAMESPACES, undefined, "kube-system")).metadata.uid;
+      const read = await waitFor(() => readClusterId(sa, undefined).catch(() => undefined), {
+        what: "the ClusterRole to take effect",
+      });
+      assert.equal(read, uid);
+    } finally {
+      await admin.delete(CLUSTER_ROLE_BINDINGS, undefined, binding.metadata.name!);
+      await admin.delete(CLUSTER_ROLES, undefined, role.metadata.name!);
+      sa.close();
+      admin.close();
+    }
   },
 });

@@ -5,6 +5,7 @@
  */
 import { parseArgs } from "node:util";
 import { PROVISIONER } from "../api/types.ts";
+import { CLUSTER_ID_RE } from "../host/render.ts";
 import { crdFiles } from "../api/crds.ts";
 import { DEFAULT_LAB_HOSTS, LAB_HOSTS_ENV, parseHostAliases, parseLabHosts } from "../host/lab_hosts.ts";
 
@@ -32,6 +33,12 @@ run flags:
   --resync SECONDS                    re-apply every instance at least this often (default 300); problems are
                                       retried after 30 s (10 s while a host is unreachable), or this if shorter
   --sweep-interval SECONDS            look for orphaned instances on the lab hosts this often (default 300)
+  --teardown-grace SECONDS            how long a deleted Exporter waits for its instance's teardown before its
+                                      finalizer goes anyway, with a Warning event (default 120); the host is
+                                      remembered and the sweep removes the instance there once it can
+  --cluster-id ID                     names this cluster in the ownership of the instances on the lab hosts
+                                      (default: the uid of the kube-system namespace, which needs the ClusterRole
+                                      in manifests/clusterrole.yaml); unique among clusters sharing lab hosts
   --max-concurrent-reconciles N       ExporterSets reconciled at once (default 32); one set is never
                                       reconciled twice at once
   --lab-hosts LIST                    the lab hosts the controller may connect to, comma-separated host names,
@@ -100,6 +107,8 @@ export function parseRunFlags(args: string[]) {
       "log-format": { type: "string", default: "text" },
       resync: { type: "string", default: "300" },
       "sweep-interval": { type: "string", default: "300" },
+      "teardown-grace": { type: "string", default: "120" },
+      "cluster-id": { type: "string" },
       "max-concurrent-reconciles": { type: "string" },
       "lab-hosts": { type: "string" },
       "host-alias": { type: "string", multiple: true, default: [] },
@@ -118,6 +127,11 @@ export function parseRunFlags(args: string[]) {
   if (format !== "text" && format !== "json") throw new UsageError(`--log-format must be text or json`);
   const resync = seconds(values.resync, "--resync");
   const sweep = seconds(values["sweep-interval"], "--sweep-interval");
+  const grace = seconds(values["teardown-grace"], "--teardown-grace");
+  const clusterId = values["cluster-id"];
+  if (clusterId !== undefined && !CLUSTER_ID_RE.test(clusterId)) {
+    throw new UsageError("--cluster-id must be 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit");
+  }
   const max = values["max-concurrent-reconciles"];
   const concurrency = max === undefined ? undefined : Number(max);
   if (concurrency !== undefined && (!Number.isInteger(concurrency) || concurrency < 1)) {
@@ -144,6 +158,8 @@ export function parseRunFlags(args: string[]) {
     logFormat: format as "text" | "json",
     resyncMs: resync * 1000,
     sweepMs: sweep * 1000,
+    teardownGraceMs: grace * 1000,
+    clusterId,
     concurrency,
     warnings: ignored.map((f) => `--${f} is accepted for kubebuilder compatibility and has no effect here`),
   };

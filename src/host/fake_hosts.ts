@@ -151,6 +151,8 @@ function inspected(i: FakeInstance): InspectedInstance {
     namespace: r.namespace,
     uid: r.uid,
     set: /\bset=(\S+)/.exec(owner)?.[1],
+    setUid: /\bset-uid=(\S+)/.exec(owner)?.[1],
+    controller: /\bcontroller=(\S+)/.exec(owner)?.[1],
     retain: owner.includes(" reclaim=Retain"),
     files: r.files.flatMap((f) =>
       [f.path, ...f.links].map((path) => ({

@@ -28,6 +28,7 @@ import {
   CONFIG_DIR,
   configMountDir,
   configPath,
+  CONTROLLER_LABEL,
   DISK_DIR,
   diskImagePath,
   diskVolumeName,
@@ -354,7 +355,9 @@ step=volume
 if ! podman volume exists ${q(r.volume)}; then
   # labelled like the containers, so a volume left alone by an interrupted remove still names its owner
   podman volume create --label ${q(`jumpstarter.dev/exporter=${r.name}`)} --label ${q(`${PROVISIONER}/uid=${r.uid}`)} \
-    --label ${q(`jumpstarter.dev/namespace=${r.namespace}`)} --opt o=uid=${EXPORTER_UID},gid=${EXPORTER_UID} \
+    --label ${q(`jumpstarter.dev/namespace=${r.namespace}`)} ${
+    r.controller ? `--label ${q(`${CONTROLLER_LABEL}=${r.controller}`)} ` : ""
+  }--opt o=uid=${EXPORTER_UID},gid=${EXPORTER_UID} \
     ${q(r.volume)} >/dev/null
   say volume-created ${q(r.volume)}
 fi
@@ -763,13 +766,13 @@ if ! command -v podman >/dev/null 2>&1; then
 fi
 step=containers
 podman ps -a --filter label=${PROVISIONER}/role \\
-  --format '{{index .Labels "jumpstarter.dev/exporter"}} {{.Names}} {{.State}} {{index .Labels "${PROVISIONER}/uid"}}' |
-  while read -r n c s u; do say container "$n" "$c" "$s" "$u"; done
+  --format '{{index .Labels "jumpstarter.dev/exporter"}} {{.Names}} {{.State}} {{index .Labels "${PROVISIONER}/uid"}} {{index .Labels "${CONTROLLER_LABEL}"}}' |
+  while read -r n c s u o; do say container "$n" "$c" "$s" "$u" "$o"; done
 
 step=volumes
-podman volume ls --format '{{.Name}} {{index .Labels "${PROVISIONER}/uid"}} {{index .Labels "jumpstarter.dev/namespace"}}' |
-  while read -r v u n; do
-    case "$v" in jumpstarter-*-shared | jumpstarter-*-disk) say volume "$v" "$u" "$n" ;; esac
+podman volume ls --format '{{.Name}} {{index .Labels "${PROVISIONER}/uid"}} {{index .Labels "jumpstarter.dev/namespace"}} {{index .Labels "${CONTROLLER_LABEL}"}}' |
+  while read -r v u n o; do
+    case "$v" in jumpstarter-*-shared | jumpstarter-*-disk) say volume "$v" "$u" "$n" "$o" ;; esac
   done
 say "done"
 `;
@@ -849,13 +852,20 @@ export interface InspectedInstance {
   files: InspectedFile[];
   /** Deployed under reclaimPolicy Retain: kept on the host when its ExporterSet is deleted. */
   retain?: boolean;
+  /** The ExporterSet's uid from the ownership lines; absent in files written before it was recorded. */
+  setUid?: string;
+  /**
+   * The controller identity (render.ts controllerIdentity) from the ownership lines, else the labels; absent on
+   * instances written before it was recorded, which no sweep removes.
+   */
+  controller?: string;
   /** Files whose ownership lines disagree (someone copied files around): do not trust the owner fields. */
   ownerMismatch: boolean;
   runtime?: { load: string; active: string; sub: string };
   exporter?: { load: string; active: string; sub: string };
   /** Its units that run a definition older than the one systemd has loaded for them: each owes a restart. */
   outdated?: string[];
-  containers: { name: string; state: string; uid: string }[];
+  containers: { name: string; state: string; uid: string; controller?: string }[];
   /** The shared volume exists. */
   volume: boolean;
   /** The /disk volume exists. */
@@ -996,20 +1006,27 @@ export function parseInspectOutput(stdout: string, stderr: string, exitCode: num
       const kv = Object.fromEntries(owner.map((p) => p.split("=", 2) as [string, string]));
       if (i.uid === undefined) {
         Object.assign(i, { namespace: kv.namespace, set: kv.set, uid: kv.uid });
+        if (kv["set-uid"]) i.setUid = kv["set-uid"];
+        if (kv.controller) i.controller = kv.controller;
         if (kv.reclaim === "Retain") i.retain = true;
-      } else if (i.uid !== kv.uid || i.namespace !== kv.namespace) i.ownerMismatch = true;
+      } else if (i.uid !== kv.uid || i.namespace !== kv.namespace || i.controller !== kv.controller) {
+        i.ownerMismatch = true;
+      }
     } else if (kind === "mode") modes.set(w[0], w[1]);
     else if (kind === "sha256") digests.set(w[0], w[1]);
     else if (kind === "unit") units[w[0]] = { load: w[1], active: w[2], sub: w[3] };
     else if (kind === "record") records.set(w[0], w[1] ?? "");
     else if (kind === "loaded") loaded.set(w[0], w[1]);
-    else if (kind === "container") instance(w[0]).containers.push({ name: w[1], state: w[2], uid: w[3] });
-    else if (kind === "volume") {
+    else if (kind === "container") {
+      instance(w[0]).containers.push({ name: w[1], state: w[2], uid: w[3], ...w[4] ? { controller: w[4] } : {} });
+    } else if (kind === "volume") {
       const disk = w[0].endsWith("-disk");
       const i = instance(w[0].replace(/^jumpstarter-/, "").replace(/-(shared|disk)$/, ""));
       if (disk) i.diskVolume = true;
       else i.volume = true;
-      if (i.uid === undefined && w[1]) Object.assign(i, { uid: w[1], namespace: w[2] || undefined });
+      if (i.uid === undefined && w[1]) {
+        Object.assign(i, { uid: w[1], namespace: w[2] || undefined, ...w[3] ? { controller: w[3] } : {} });
+      }
     }
   }
   for (const i of byName.values()) {
@@ -1024,7 +1041,11 @@ export function parseInspectOutput(stdout: string, stderr: string, exitCode: num
       RUNNING.has(units[u]?.active ?? "") && records.has(u) && records.get(u) !== loaded.get(u)
     );
     if (owed.length) i.outdated = owed;
-    if (i.uid === undefined) i.uid = i.containers.find((c) => c.uid)?.uid;
+    if (i.uid === undefined) {
+      const labelled = i.containers.find((c) => c.uid);
+      i.uid = labelled?.uid;
+      if (labelled?.controller) i.controller = labelled.controller;
+    }
   }
   out.instances = [...byName.values()].sort((a, b) => a.name.localeCompare(b.name));
   return out;

@@ -27,6 +27,16 @@ export interface Instance {
   /** reclaimPolicy Retain: recorded on the host so the orphan sweep leaves the instance of a deleted set alone. */
   retain?: boolean;
   /**
+   * The uid of the ExporterSet: a retained instance belongs to that set, not to a later one of the same name (the
+   * sweep compares it). Absent offline (`render`).
+   */
+  setUid?: string;
+  /**
+   * Which controller owns the instance (controllerIdentity: cluster id and provisioner): the orphan sweep removes only
+   * its own, so clusters sharing a lab host leave each other's instances alone. Absent offline (`render`).
+   */
+  controller?: string;
+  /**
    * The images whose imagePullPolicy the class or set states. For the others `pullPolicy` is only the default
    * (IfNotPresent), and they are pulled as Kubernetes defaults them: see `pullOf`. Absent: none is stated.
    */
@@ -50,12 +60,13 @@ export function instanceOf(
   set: ExporterSet,
   cls: VirtualTargetClass,
   params: InstanceParams,
-  exporter: Pick<Instance, "name" | "uid" | "endpoint" | "token" | "caBundle" | "retain">,
+  exporter: Pick<Instance, "name" | "uid" | "endpoint" | "token" | "caBundle" | "retain" | "controller">,
 ): Instance {
   return {
     ...exporter,
     namespace: set.metadata.namespace!,
     setName: set.metadata.name!,
+    setUid: set.metadata.uid,
     params,
     drivers: set.spec.template?.spec?.drivers ?? [],
     exitOnLeaseEnd: (set.spec.recycleStrategy ?? DEFAULTS.recycleStrategy) === "ExitAndReplace",
@@ -80,6 +91,8 @@ export interface RenderedInstance {
   namespace: string;
   /** The Exporter's uid, which the ownership lines carry: the apply script refuses files naming another. */
   uid: string;
+  /** The controller identity, which the volume's labels carry beside the uid. */
+  controller?: string;
   /** The volume shared by both containers: "jumpstarter-<name>-shared". */
   volume: string;
   /** The guest's disks, mounted at /disk in both containers: a volume backed by a file system image of this size. */
@@ -112,6 +125,8 @@ const DEFAULT_PARTITIONS: Record<string, Json> = {
   other: { "OVMF_CODE.fd": "/usr/share/edk2/ovmf/OVMF_CODE.fd", "OVMF_VARS.fd": "/usr/share/edk2/ovmf/OVMF_VARS.fd" },
 };
 export const MANAGED_HEADER = `# Managed by ${PROVISIONER}; do not edit.`;
+/** On containers and the volume: the controller identity, as in the ownership line (see controllerIdentity). */
+export const CONTROLLER_LABEL = `${PROVISIONER}/controller`;
 /** Starts the machine-readable ownership line in every file we write (remote.ts reads it back on the host). */
 export const OWNER_PREFIX = `# ${PROVISIONER}/owner: `;
 
@@ -173,7 +188,22 @@ function checkIdentity(inst: Instance) {
   if (!DNS_LABEL_RE.test(inst.namespace) || inst.namespace.length > 63) throw bad("namespace", inst.namespace);
   if (!DNS_SUBDOMAIN_RE.test(inst.setName) || inst.setName.length > 253) throw bad("ExporterSet name", inst.setName);
   if (!UID_RE.test(inst.uid)) throw bad("uid", inst.uid);
+  if (inst.setUid !== undefined && !UID_RE.test(inst.setUid)) throw bad("ExporterSet uid", inst.setUid);
+  if (inst.controller !== undefined && !CONTROLLER_RE.test(inst.controller)) {
+    throw bad("controller identity", inst.controller);
+  }
 }
+
+const CONTROLLER_RE = /^[A-Za-z0-9][A-Za-z0-9._-]{0,62}\/[a-z0-9][-a-z0-9.]{0,252}$/;
+/** A cluster id as `--cluster-id` takes it: one word, safe in an ownership line and a label. */
+export const CLUSTER_ID_RE = /^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/;
+
+/**
+ * The identity a controller writes into the ownership lines and labels of its instances: which cluster (the uid of
+ * its kube-system namespace, or `--cluster-id`) and which provisioner. Two controllers differ in it even when they
+ * serve the same namespace name.
+ */
+export const controllerIdentity = (clusterId: string, provisioner: string) => `${clusterId}/${provisioner}`;
 
 /**
  * A value for a unit file line: systemd expands `%` specifiers in quadlet values and a newline would start a new
@@ -187,9 +217,15 @@ export function unitValue(v: string): string {
   return v.replaceAll("%", "%%");
 }
 
-export function ownerLine(inst: Pick<Instance, "namespace" | "setName" | "name" | "uid" | "retain">): string {
+/** The uid stays last: the host scripts read it from the end of the line (remote.ts owner_uid). */
+export function ownerLine(
+  inst: Pick<Instance, "namespace" | "setName" | "name" | "uid" | "retain" | "setUid" | "controller">,
+): string {
+  const setUid = inst.setUid ? ` set-uid=${inst.setUid}` : "";
   const retain = inst.retain ? " reclaim=Retain" : "";
-  return `${OWNER_PREFIX}namespace=${inst.namespace} set=${inst.setName} exporter=${inst.name}${retain} uid=${inst.uid}`;
+  const controller = inst.controller ? ` controller=${inst.controller}` : "";
+  return `${OWNER_PREFIX}namespace=${inst.namespace} set=${inst.setName}${setUid} exporter=${inst.name}${retain}` +
+    `${controller} uid=${inst.uid}`;
 }
 
 /**
@@ -214,6 +250,7 @@ export function renderInstance(inst: Instance, facts?: HostFacts): RenderedInsta
     name: inst.name,
     namespace: inst.namespace,
     uid: inst.uid,
+    controller: inst.controller,
     volume: volumeName(inst.name),
     disk: { volume: diskVolumeName(inst.name), image: diskImagePath(inst.name), bytes: inst.params.diskBytes },
     // The config's real home is the mounted directory: a replacement is created there, so on SELinux hosts it
@@ -366,6 +403,7 @@ function commonContainerKeys(inst: Instance, role: ImageRole, d: QuadletDialect)
     ["Label", `jumpstarter.dev/namespace=${inst.namespace}`],
     ["Label", `${PROVISIONER}/exporterset=${inst.setName}`],
     ["Label", `${PROVISIONER}/uid=${inst.uid}`],
+    ...inst.controller ? [["Label", `${CONTROLLER_LABEL}=${inst.controller}`] as [string, string]] : [],
     ["Label", `${PROVISIONER}/role=${role}`],
     // `z`: both containers share the volume, so on SELinux hosts it needs the shared label, not a private one
     ["Volume", `${volumeName(inst.name)}:/shared:z`],

@@ -27,6 +27,7 @@ import type { Metrics } from "../observe/metrics.ts";
 import type { HostOps } from "../host/lab.ts";
 import type { HostInspection } from "../host/remote.ts";
 import type { HostFacts } from "../host/host_facts.ts";
+import type { LabTarget } from "./credentials.ts";
 
 /** The kinds reconciling reads from caches, by cache. */
 export interface Cached {
@@ -63,6 +64,13 @@ export interface Context {
   log: Logger;
   metrics: Metrics;
   provisioner: string;
+  /** Written into every instance's ownership line and labels; the sweep removes only instances that carry it. */
+  identity: string;
+  /**
+   * How long an Exporter being deleted may wait for its instance to be torn down; then its finalizer goes anyway,
+   * with a Warning event, and its host is remembered for the sweep (teardown.ts).
+   */
+  teardownGraceMs: number;
   now: () => Date;
   /** Check every instance on its host at least this often, to repair drift there (host_checks.ts). */
   resyncMs: number;
@@ -83,6 +91,17 @@ export interface Context {
   inspections: Map<string, HostCheck>;
   /** Per lab host and port (factsKey), the facts its last apply found: instances are rendered for them. */
   hostFacts: Map<string, HostFacts>;
+  /**
+   * The SSH credentials each lab host (user@host:port) was last reached with, newest last, a few per host: teardown
+   * tries them after the current ones, so it works after the Secret, the class or the namespace went, or the key was
+   * rotated (credentials.ts rememberTarget). In memory only: a restart forgets them.
+   */
+  knownTargets: Map<string, LabTarget[]>;
+  /**
+   * Hosts whose instances an Exporter left behind when its finalizer went without a teardown: the sweep visits them
+   * until one pass there succeeds. In memory only.
+   */
+  leftOn: Map<string, LabTarget>;
 }
 
 export interface HostCheck {
@@ -95,7 +114,15 @@ export interface HostCheck {
 export function newContext(
   deps: Omit<
     Context,
-    "applied" | "expectations" | "statuses" | "exporterFailures" | "finalized" | "inspections" | "hostFacts"
+    | "applied"
+    | "expectations"
+    | "statuses"
+    | "exporterFailures"
+    | "finalized"
+    | "inspections"
+    | "knownTargets"
+    | "leftOn"
+    | "hostFacts"
   >,
 ): Context {
   return {
@@ -107,6 +134,8 @@ export function newContext(
     finalized: new Map(),
     inspections: new Map(),
     hostFacts: new Map(),
+    knownTargets: new Map(),
+    leftOn: new Map(),
   };
 }
 

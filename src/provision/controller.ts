@@ -11,9 +11,10 @@ import { EventRecorder } from "../kube/events.ts";
 import type { Logger } from "../observe/log.ts";
 import { Metrics } from "../observe/metrics.ts";
 import type { HostOps } from "../host/lab.ts";
+import { controllerIdentity } from "../host/render.ts";
 import { PINNED_HOST_KEYS_SECRET } from "./credentials.ts";
 import { type Cached, cachesFrom, type Context, newContext } from "./context.ts";
-import { ownerSetName } from "./marks.ts";
+import { ownerSetName, routedSetName } from "./marks.ts";
 import { reconcile } from "./reconciler.ts";
 import { sweep, sweepLoop } from "./sweep.ts";
 
@@ -26,6 +27,9 @@ export type Informers = { [K in keyof Cached]: Informer<Cached[K]> };
  */
 export const DEFAULT_CONCURRENCY = 32;
 
+/** Long enough for a lab host's reboot; short enough that an uninstall does not look hung. */
+export const DEFAULT_TEARDOWN_GRACE_MS = 120_000;
+
 export interface ControllerOptions {
   client: KubeClient;
   hosts: HostOps;
@@ -35,8 +39,12 @@ export interface ControllerOptions {
   namespace?: string;
   /** ExporterSets reconciled at once (--max-concurrent-reconciles); each is mostly waiting on its lab host. */
   concurrency?: number;
+  /** Names this cluster in the ownership of our instances (run.ts readClusterId). */
+  clusterId: string;
   resyncMs?: number;
   sweepMs?: number;
+  /** How long a deleted Exporter waits for its teardown (--teardown-grace, default DEFAULT_TEARDOWN_GRACE_MS). */
+  teardownGraceMs?: number;
   watchTimeoutSeconds?: number;
   idleTimeoutMs?: number;
   metrics?: Metrics;
@@ -76,6 +84,8 @@ export class Controller {
       log,
       metrics: this.metrics,
       provisioner: opts.provisioner,
+      identity: controllerIdentity(opts.clusterId, opts.provisioner),
+      teardownGraceMs: opts.teardownGraceMs ?? DEFAULT_TEARDOWN_GRACE_MS,
       now: () => new Date(),
       resyncMs: opts.resyncMs ?? 5 * 60_000,
     });
@@ -155,7 +165,7 @@ export class Controller {
       this.setsIn(cls.metadata.namespace, (s) => s.spec.virtualTargetClassName === cls.metadata.name)
     );
     c.exporters.on((_t, e) => {
-      const owner = ownerSetName(e);
+      const owner = routedSetName(e);
       if (owner) this.queue.add(`${e.metadata.namespace}/${owner}`);
     });
     c.leases.on((_t, l) => this.setsIn(l.metadata.namespace));

@@ -144,6 +144,7 @@ async function deploy(
     token,
     caBundle: caBundle(ctx, cls),
     retain: cls.spec.reclaimPolicy === "Retain",
+    controller: ctx.identity,
   });
   const render = (facts: Parameters<typeof renderInstance>[1]) => renderInstance(instance, facts);
   const hashOf = (r: RenderedInstance) =>

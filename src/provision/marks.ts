@@ -1,5 +1,6 @@
 /** The marks this controller puts on the Exporters it creates, and how an Exporter names its set. */
-import type { Exporter } from "../api/types.ts";
+import type { Exporter, ExporterSet } from "../api/types.ts";
+import { PROVISIONER } from "../api/types.ts";
 
 export const FINALIZER = "qemu-ssh.jumpstarter.dev/teardown";
 export const HOST_ANNOTATION = "qemu-ssh.jumpstarter.dev/host";
@@ -23,7 +24,34 @@ export function ownerSetName(e: Exporter): string | undefined {
 }
 
 /**
+ * The set whose reconcile looks after the Exporter: its owner's; for one of ours that lost its owner reference
+ * (`kubectl delete exporterset --cascade=orphan`), the set its label names, so its deletion is still torn down.
+ */
+export const routedSetName = (e: Exporter): string | undefined =>
+  setOwner(e) ? setOwner(e)!.name : isOurs(e) ? e.metadata.labels![SET_LABEL] : undefined;
+
+/**
  * Whether the instance was ever up on its host: the host annotation is written only then (the target annotation
  * before the first attempt). Only such an instance can be "unseen"; one never deployed is simply not ready.
  */
 export const wasDeployed = (e: Exporter): boolean => !!e.metadata.annotations?.[HOST_ANNOTATION];
+
+/** Keys of ours (`qemu-ssh.jumpstarter.dev/...`): what they say about an Exporter only this controller may write. */
+const isOurKey = (k: string) => k.startsWith(`${PROVISIONER}/`);
+
+/**
+ * The labels and annotations of the set's template without our own keys, and the keys left out. Copied verbatim, a
+ * template's `ssh-target` (say, from `kubectl get exporter -o yaml`) made every new Exporter look moved from a host
+ * it never was on, and its `reclaim-policy` or `host` lied to the sweep.
+ */
+export function templateMarks(set: ExporterSet): {
+  labels: Record<string, string>;
+  annotations: Record<string, string>;
+  dropped: string[];
+} {
+  const meta = set.spec.template?.metadata;
+  const keep = (m: Record<string, string> | undefined) =>
+    Object.fromEntries(Object.entries(m ?? {}).filter(([k]) => !isOurKey(k)));
+  const dropped = [...Object.keys(meta?.labels ?? {}), ...Object.keys(meta?.annotations ?? {})].filter(isOurKey);
+  return { labels: keep(meta?.labels), annotations: keep(meta?.annotations), dropped };
+}

@@ -10,10 +10,11 @@ import { FakeKube } from "../kube/fake_client.ts";
 import type { Outcome } from "../kube/queue.ts";
 import { EXPORTER_SETS, EXPORTERS, JUMPSTARTER_LEASES, SECRETS, VIRTUAL_TARGET_CLASSES } from "../kube/resources.ts";
 import { FakeHosts } from "../host/fake_hosts.ts";
+import { controllerIdentity } from "../host/render.ts";
 import { silentLogger } from "../observe/log.ts";
 import { Metrics } from "../observe/metrics.ts";
 import { type Caches, cachesFrom, type Context, newContext } from "./context.ts";
-import { FINALIZER, HOST_ANNOTATION, SET_LABEL } from "./marks.ts";
+import { FINALIZER, HOST_ANNOTATION, routedSetName, SET_LABEL } from "./marks.ts";
 import { reconcile } from "./reconciler.ts";
 import { sweep } from "./sweep.ts";
 import { TARGET_ANNOTATION } from "./targets.ts";
@@ -21,6 +22,8 @@ import { TARGET_ANNOTATION } from "./targets.ts";
 const NS = "lab";
 const SET = "pool";
 const HOST = "lab-host-01.example.com";
+const IDENTITY = controllerIdentity("cluster-a", PROVISIONER);
+const GRACE_MS = 120_000;
 
 async function privateKey(): Promise<string> {
   const dir = await Deno.makeTempDir({ prefix: "reconcile_test" });
@@ -62,6 +65,8 @@ class World {
       log: silentLogger,
       metrics: new Metrics(),
       provisioner: PROVISIONER,
+      identity: IDENTITY,
+      teardownGraceMs: GRACE_MS,
       now: () => this.clock,
       resyncMs: 5 * 60_000,
     });
@@ -749,4 +754,187 @@ Deno.test("reconcile: problems are retried within --resync when it is shorter th
   const cls = w.ctx.caches.classes.get(NS, "qemu")!;
   w.kube.put(VIRTUAL_TARGET_CLASSES, { ...cls, spec: { ...cls.spec, parameters: { host: {} } } });
   assert.equal((await w.reconcile()).requeueAfterMs, 4_000, "a problem waiting for a person");
+});
+
+/**
+ * What another controller (or an older version of this one) left on HOST under `name`: a copy of `like`'s files whose
+ * ownership lines name `uid` and `controller` (none: written before identities were recorded).
+ */
+function foreignCopy(w: World, like: string, name: string, uid: string, controller?: string): void {
+  const from = w.hosts.instance(HOST, like)!;
+  const label = `Label=${PROVISIONER}/controller=`;
+  const owner = (c: string) =>
+    c.replace(/ controller=\S+/, controller ? ` controller=${controller}` : "").replace(/ uid=\S+$/m, ` uid=${uid}`)
+      .replace(new RegExp(`^${label}.*$`, "m"), controller ? `${label}${controller}` : "# no label");
+  w.hosts.hosts.get(HOST)!.set(name, {
+    ...from,
+    rendered: {
+      ...from.rendered,
+      name,
+      uid,
+      controller,
+      files: from.rendered.files.map((f) => ({ ...f, content: owner(f.content) })),
+    },
+  });
+}
+
+const snapshot = (w: World, name: string) => JSON.stringify(w.hosts.instance(HOST, name)?.rendered.files);
+
+Deno.test("sweep: removes only instances with this controller's identity; another cluster's and older ones stay", async () => {
+  const w = new World();
+  const [a, b] = await w.deployed();
+  assert.match(snapshot(w, a.metadata.name!), new RegExp(`controller=${IDENTITY} uid=${a.metadata.uid}`));
+  foreignCopy(w, a.metadata.name!, "theirs", "uid-of-cluster-b", controllerIdentity("cluster-b", PROVISIONER));
+  foreignCopy(w, a.metadata.name!, "other-provisioner", "uid-x", controllerIdentity("cluster-a", "other.example"));
+  foreignCopy(w, a.metadata.name!, "older", "uid-before-identities");
+  const before = ["theirs", "other-provisioner", "older"].map((n) => snapshot(w, n));
+  // b's Exporter goes behind our back: its instance, ours, is an orphan
+  const gone = w.exporter(b.metadata.name!)!;
+  w.kube.put(EXPORTERS, { ...gone, metadata: { ...gone.metadata, finalizers: [] } });
+  await w.kube.delete(EXPORTERS, NS, b.metadata.name!);
+  for (let pass = 0; pass < 3; pass++) assert.equal(await sweep(w.ctx, undefined), pass === 0 ? 1 : 0);
+  assert.equal(w.hosts.instance(HOST, b.metadata.name!), undefined);
+  assert.deepEqual(["theirs", "other-provisioner", "older"].map((n) => snapshot(w, n)), before, "byte for byte");
+});
+
+Deno.test("reconcile: an instance written before identities is adopted by its next apply", async () => {
+  const w = new World();
+  const [a] = await w.deployed();
+  const name = a.metadata.name!;
+  foreignCopy(w, name, name, a.metadata.uid!); // the same instance, as the version before wrote it
+  assert.doesNotMatch(snapshot(w, name), /controller=/);
+  assert.match(snapshot(w, name), new RegExp(`exporter=${name} uid=${a.metadata.uid}`));
+  w.advance(5 * 60_000);
+  await w.reconcile();
+  assert.match(snapshot(w, name), new RegExp(`controller=${IDENTITY} uid=${a.metadata.uid}`));
+});
+
+Deno.test("sweep: a retained instance stays when a set of the same name is created again (M3)", async () => {
+  const w = new World();
+  const cls = w.ctx.caches.classes.get(NS, "qemu")!;
+  w.kube.put(VIRTUAL_TARGET_CLASSES, { ...cls, spec: { ...cls.spec, reclaimPolicy: "Retain" } });
+  const [a, b] = await w.deployed();
+  const set = w.set;
+  await w.kube.delete(EXPORTER_SETS, NS, SET);
+  await w.reconcile();
+  await w.reconcile();
+  assert.deepEqual(w.exporters(), [], "torn down behind the finalizer: Retain keeps the instances");
+  // the usual recovery: the same manifest applied again (a new uid)
+  w.kube.put<ExporterSet>(EXPORTER_SETS, { ...set, metadata: { ...set.metadata, uid: undefined } });
+  assert.notEqual(w.set.metadata.uid, set.metadata.uid);
+  assert.equal(await sweep(w.ctx, undefined), 0);
+  for (const e of [a, b]) assert.ok(w.hosts.instance(HOST, e.metadata.name!), "kept");
+});
+
+/** Deletes the Exporters as the garbage collector does after their set went (in the background). */
+async function deleteAll(w: World, what: ("secret" | "class" | "set")[]): Promise<void> {
+  for (const x of what) {
+    if (x === "secret") await w.kube.delete(SECRETS, NS, "lab-ssh-key");
+    if (x === "class") await w.kube.delete(VIRTUAL_TARGET_CLASSES, NS, "qemu");
+    if (x === "set") await w.kube.delete(EXPORTER_SETS, NS, SET);
+  }
+  for (const e of w.exporters()) await w.kube.delete(EXPORTERS, NS, e.metadata.name!);
+}
+
+for (
+  const [order, steps] of [
+    ["kubectl delete -f of the seed (Secret, class, set)", ["secret", "class", "set"]],
+    ["the class first", ["class", "set"]],
+    ["the Secret first", ["secret", "set"]],
+  ] as const
+) {
+  Deno.test(`reconcile: deletion with ${order} tears every instance down with the key remembered`, async () => {
+    const w = new World();
+    const deployed = await w.deployed();
+    w.hosts.keys.set(HOST, KEY);
+    await deleteAll(w, [...steps]);
+    await w.reconcile();
+    await w.reconcile();
+    assert.deepEqual(w.exporters(), [], "no Exporter left");
+    for (const e of deployed) assert.equal(w.hosts.instance(HOST, e.metadata.name!), undefined, "host clean");
+    assert.ok(!w.reasons().includes("TeardownAbandoned"));
+  });
+}
+
+Deno.test("reconcile: the class gone, a set's deleted Exporter is still torn down", async () => {
+  const w = new World();
+  const [a, b] = await w.deployed();
+  await w.kube.delete(VIRTUAL_TARGET_CLASSES, NS, "qemu");
+  await w.kube.delete(EXPORTERS, NS, a.metadata.name!);
+  await w.reconcile();
+  assert.equal(w.exporter(a.metadata.name!), undefined);
+  assert.equal(w.hosts.instance(HOST, a.metadata.name!), undefined);
+  assert.ok(w.hosts.instance(HOST, b.metadata.name!), "the live one stays");
+  assert.equal(condition(w.set, "Degraded")?.reason, "VirtualTargetClassNotFound");
+});
+
+Deno.test("reconcile: with the Secret's key rotated, teardown tries the key the host took before (M13)", async () => {
+  const w = new World();
+  const [a] = await w.deployed();
+  w.hosts.keys.set(HOST, KEY);
+  const rotated = await privateKey(); // not on the host yet
+  w.kube.put<Secret>(SECRETS, {
+    metadata: { name: "lab-ssh-key", namespace: NS },
+    data: { "ssh-privatekey": b64(rotated) },
+  });
+  await w.kube.delete(EXPORTERS, NS, a.metadata.name!);
+  await w.reconcile();
+  assert.equal(w.exporter(a.metadata.name!), undefined);
+  assert.equal(w.hosts.instance(HOST, a.metadata.name!), undefined);
+});
+
+Deno.test("reconcile: past --teardown-grace the finalizer goes with a Warning; the sweep cleans the host later", async () => {
+  const w = new World();
+  const [a] = await w.deployed();
+  const name = a.metadata.name!;
+  w.hosts.down.add(HOST);
+  await deleteAll(w, ["secret", "class", "set"]);
+  const first = await w.reconcile();
+  assert.ok(w.exporter(name), "kept while the grace lasts");
+  assert.ok(first.requeueAfterMs! <= GRACE_MS);
+  w.advance(GRACE_MS);
+  await w.reconcile();
+  assert.deepEqual(w.exporters(), [], "no finalizer stuck past the grace");
+  const warning = w.events.find((e) => e.reason === "TeardownAbandoned" && e.object === name)!;
+  assert.match(warning.message, new RegExp(`${name} on root@${HOST}:22`));
+  assert.ok(w.hosts.instance(HOST, name), "still on the host, which is down");
+  // nothing names the host any more but the memory of the abandoned teardown
+  assert.equal(await sweep(w.ctx, undefined), 0, "the host is still down");
+  w.hosts.down.delete(HOST);
+  assert.ok(await sweep(w.ctx, undefined) >= 1);
+  assert.equal(w.hosts.instance(HOST, name), undefined, "host clean");
+  assert.equal(w.ctx.leftOn.size, 0, "forgotten once swept");
+});
+
+Deno.test("reconcile: Exporters orphaned with --cascade=orphan are torn down when deleted later (M4)", async () => {
+  const w = new World();
+  const [a] = await w.deployed();
+  for (const e of w.exporters()) w.kube.put(EXPORTERS, { ...e, metadata: { ...e.metadata, ownerReferences: [] } });
+  await w.kube.delete(EXPORTER_SETS, NS, SET);
+  await w.reconcile();
+  assert.equal(w.exporters().length, 2, "orphaned, they stay");
+  await w.kube.delete(EXPORTERS, NS, a.metadata.name!);
+  assert.equal(routedSetName(w.exporter(a.metadata.name!)!), SET, "its events reach the set's key");
+  await w.reconcile();
+  assert.equal(w.exporter(a.metadata.name!), undefined);
+  assert.equal(w.hosts.instance(HOST, a.metadata.name!), undefined);
+});
+
+Deno.test("reconcile: our own keys in the set's template are left out of the Exporters (M2)", async () => {
+  const w = new World({
+    template: {
+      metadata: {
+        labels: { board: "qemu", [`${PROVISIONER}/exporter-set`]: "forged" },
+        annotations: { [TARGET_ANNOTATION]: "root@10.9.9.9:22", note: "kept" },
+      },
+      spec: { drivers: [{ name: "qemu", type: "jumpstarter_driver_qemu.driver.Qemu" }] },
+    },
+  });
+  const [a] = await w.deployed();
+  const e = w.exporter(a.metadata.name!)!;
+  assert.equal(e.metadata.labels?.[SET_LABEL], SET);
+  assert.equal(e.metadata.annotations?.note, "kept");
+  assert.equal(e.metadata.annotations?.[TARGET_ANNOTATION], `root@${HOST}:22`, "where it really is");
+  assert.ok(!w.reasons().includes("Moved") && !w.reasons().includes("MoveBlocked"));
+  assert.ok(w.reasons().includes("ReservedKeysIgnored"));
 });

@@ -12,13 +12,14 @@ import type { LabTarget } from "./credentials.ts";
 import type { AppliedState, Context } from "./context.ts";
 import { deployAll, type Deployed, ROLL_NEXT_MS } from "./deploy.ts";
 import { isLeased, leaseState, pendingDemand } from "./leases.ts";
-import { ownerSetName, SET_LABEL, wasDeployed } from "./marks.ts";
+import { routedSetName, SET_LABEL, templateMarks, wasDeployed } from "./marks.ts";
 import { fieldErrorLine } from "./params.ts";
 import { type ExporterView, plan, selectorString, withDefaults } from "./plan.ts";
 import { retryAfterMs } from "./problems.ts";
 import { computeStatus, type ExporterState, type Problem, type StatusInput } from "./status.ts";
 import { cachedSetTarget } from "./targets.ts";
-import { finalize, orphaned } from "./teardown.ts";
+import { finalizeAll, orphaned } from "./teardown.ts";
+import { rememberTarget } from "./known_targets.ts";
 import { act, lastStatus, pendingCreates, writeStatus } from "./writes.ts";
 
 const split = (key: string) => {
@@ -29,7 +30,8 @@ const split = (key: string) => {
 export async function reconcile(ctx: Context, key: string): Promise<Outcome> {
   const [ns, name] = split(key);
   const set = ctx.caches.sets.get(ns, name);
-  const named = ctx.caches.exporters.list(ns).filter((e) => ownerSetName(e) === name);
+  // with the Exporters orphaned by `kubectl delete --cascade=orphan`: torn down when they are deleted
+  const named = ctx.caches.exporters.list(ns).filter((e) => routedSetName(e) === name);
   const isMine = (e: Exporter) => !!set && e.metadata.ownerReferences!.some((o) => o.uid === set.metadata.uid);
   // Exporters of a deleted set, including an earlier incarnation of a set re-created under the same name.
   const stale = named.filter((e) => !isMine(e));
@@ -42,6 +44,18 @@ export async function reconcile(ctx: Context, key: string): Promise<Outcome> {
   const cls = ctx.caches.classes.get(ns, set.spec.virtualTargetClassName);
   if (cls && cls.spec.provisioner !== ctx.provisioner) return orphanOutcome; // another provisioner's set
   const old = lastStatus(ctx, key, set);
+  const { params, target, problems } = cls ? configuration(ctx, set, cls) : { problems: [] as Problem[] };
+  // 1. Exporters being deleted: tear down on the host first (all at once), then let them go. Also without the class
+  // or its Secret: the teardown tries the credentials remembered for the host.
+  const live = owned.filter((e) => !e.metadata.deletionTimestamp);
+  const teardown = await finalizeAll(
+    ctx,
+    set,
+    owned.filter((e) => e.metadata.deletionTimestamp),
+    target ? [target] : [],
+    !!set.metadata.deletionTimestamp,
+  );
+  problems.push(...teardown.problems);
   if (!cls) {
     await writeStatus(
       ctx,
@@ -50,18 +64,9 @@ export async function reconcile(ctx: Context, key: string): Promise<Outcome> {
       old,
       computeStatus({ ...statusBasics(ctx, set, old), classMissing: set.spec.virtualTargetClassName }),
     );
-    return orphanOutcome;
+    const requeueAfterMs = Math.min(orphanOutcome.requeueAfterMs ?? Infinity, teardown.requeueAfterMs ?? Infinity);
+    return requeueAfterMs === Infinity ? {} : { requeueAfterMs };
   }
-
-  const { params, target, problems } = configuration(ctx, set, cls);
-  // 1. Exporters being deleted: tear down on the host first (all at once), then let them go.
-  const live = owned.filter((e) => !e.metadata.deletionTimestamp);
-  const finalized = await Promise.all(
-    owned.filter((e) => e.metadata.deletionTimestamp).map((e) =>
-      finalize(ctx, set, e, target ? [target] : [], !!set.metadata.deletionTimestamp)
-    ),
-  );
-  problems.push(...finalized.filter((p): p is Problem => p !== undefined));
   // 2. Deploy or refresh what has credentials.
   // with no target, what was deployed cannot be looked at
   const { states, waiting, unseen, outdated }: Deployed = params && target
@@ -118,6 +123,7 @@ export async function reconcile(ctx: Context, key: string): Promise<Outcome> {
       retryAfterMs(ctx.resyncMs, problems),
       p.requeueAfterMs ?? Infinity,
       orphanOutcome.requeueAfterMs ?? Infinity,
+      teardown.requeueAfterMs ?? Infinity,
       backoffEndsInMs(ctx, live, states),
       outdated.some((o) => !o.lease) ? ROLL_NEXT_MS : Infinity,
     ),
@@ -144,7 +150,7 @@ function statusBasics(ctx: Context, set: ExporterSet, old: ExporterSetStatus | u
     now: ctx.now(),
     // our set label keeps the selector from spanning sets whose template labels overlap
     selector: selectorString({
-      ...set.spec.template?.metadata?.labels ?? set.spec.selector?.matchLabels,
+      ...set.spec.template?.metadata?.labels ? templateMarks(set).labels : set.spec.selector?.matchLabels,
       [SET_LABEL]: set.metadata.name!,
     }),
     minReplicas: s.minReplicas,
@@ -173,6 +179,7 @@ function configuration(
     ctx.recorder.event(set, "Warning", resolved.problem.reason, resolved.problem.message);
     return { params: resolved.params, problems: [resolved.problem] };
   }
+  rememberTarget(ctx.knownTargets, resolved.target);
   return { params: resolved.params, target: resolved.target, problems: [] };
 }
 

@@ -1,12 +1,14 @@
 /**
  * The orphan sweep: instances on our hosts whose Exporter no longer exists (left behind by a controller killed
- * mid-way, or an Exporter deleted behind our back) are removed.
+ * mid-way, an Exporter deleted behind our back, or one whose teardown was given up after its grace) are removed; only
+ * those carrying this controller's identity (cluster and provisioner), so clusters sharing a host never touch each
+ * other's instances.
  */
 import { abortableSleep } from "../kube/backoff.ts";
 import type { LabTarget } from "./credentials.ts";
 import type { Context } from "./context.ts";
 import { forgetOldInspections, inspectHost } from "./host_checks.ts";
-import { hostTargets } from "./targets.ts";
+import { hostTargets, targetString } from "./targets.ts";
 
 /**
  * Sweeps every `everyMs` until `signal` aborts; a failed sweep is logged and the next one tries again. Each pass
@@ -30,9 +32,14 @@ export async function sweepLoop(ctx: Context, namespace: string | undefined, eve
  */
 export async function sweep(ctx: Context, namespace: string | undefined, since?: number): Promise<number> {
   const from = since ?? ctx.now().getTime();
+  const targets = new Map(hostTargets(ctx.caches, ctx.provisioner).map((t) => [targetString(t), t]));
+  for (const [where, t] of ctx.leftOn) if (!targets.has(where)) targets.set(where, t);
   const removed = await Promise.all(
-    hostTargets(ctx.caches, ctx.provisioner).map((target) =>
-      sweepHost(ctx, namespace, target, from).catch((e) => {
+    [...targets].map(([where, target]) =>
+      sweepHost(ctx, namespace, target, from).then((n) => {
+        ctx.leftOn.delete(where);
+        return n;
+      }, (e) => {
         ctx.log.warn("orphan sweep of a host failed", { host: target.host, error: String(e) });
         return 0;
       })
@@ -48,6 +55,9 @@ async function sweepHost(ctx: Context, namespace: string | undefined, target: La
   const known = new Set(ctx.caches.exporters.list().map((e) => e.metadata.uid));
   let removed = 0;
   for (const inst of inspection.instances) {
+    // another cluster's or provisioner's, or written before identities were: never ours to remove (those of ours are
+    // adopted: their next apply writes our identity)
+    if (inst.controller !== ctx.identity) continue;
     if (namespace && inst.namespace !== namespace) continue;
     if (inst.uid && known.has(inst.uid)) continue;
     if (!inst.uid || !inst.namespace) {
@@ -57,8 +67,13 @@ async function sweepHost(ctx: Context, namespace: string | undefined, target: La
       });
       continue;
     }
-    // reclaimPolicy Retain: the instance of a deleted set stays (a leftover of a live set is still swept)
-    if (inst.retain && !ctx.caches.sets.get(inst.namespace, inst.set ?? "")) continue;
+    // reclaimPolicy Retain: the instance of a deleted set stays, also once a set of that name exists again (a
+    // leftover of its own live set is still swept)
+    if (
+      inst.retain && (!inst.setUid || ctx.caches.sets.get(inst.namespace, inst.set ?? "")?.metadata.uid !== inst.setUid)
+    ) {
+      continue;
+    }
     if (inst.ownerMismatch) {
       ctx.log.warn("not sweeping an instance whose files disagree about their owner", {
         host: target.host,

@@ -14,6 +14,7 @@ import { FINALIZER, isOurs, RECLAIM_ANNOTATION, SET_LABEL, setOwner } from "./ma
 import { errorText, retryAfterMs } from "./problems.ts";
 import type { Problem } from "./status.ts";
 import { deployedTargets, parseTarget, TARGET_ANNOTATION } from "./targets.ts";
+import { candidateTargets } from "./known_targets.ts";
 
 const OWNER_CONFLICT = "OwnerConflict";
 
@@ -33,11 +34,15 @@ export async function finalize(
   if (ctx.finalized.get(e.metadata.uid!) === e.metadata.resourceVersion) return undefined;
   const where = e.metadata.annotations?.[TARGET_ANNOTATION];
   const keepInstance = setDeleted && e.metadata.annotations?.[RECLAIM_ANNOTATION] === "Retain";
-  const problem = where && !keepInstance ? await removeInstance(ctx, e, where, targets) : undefined;
+  const candidates = where ? candidateTargets(ctx.knownTargets, where, targets) : [];
+  const problem = where && !keepInstance ? await removeInstance(ctx, e, where, candidates) : undefined;
   if (problem) {
     ctx.recorder.event(e, "Warning", problem.reason, problem.message);
     // another's instance under the name: nothing of ours is there to wait for
-    if (problem.reason !== OWNER_CONFLICT) return problem;
+    if (problem.reason !== OWNER_CONFLICT) {
+      if (graceLeftMs(ctx, e) > 0) return problem;
+      abandon(ctx, owner, e, where!, candidates);
+    }
   }
   ctx.applied.delete(e.metadata.uid!);
   ctx.exporterFailures.delete(e.metadata.uid!);
@@ -68,6 +73,32 @@ export async function finalize(
 }
 
 /**
+ * How long the Exporter may still wait for its teardown: `teardownGraceMs` from its deletion. Past it the finalizer
+ * goes whatever the host says, so neither a namespace nor an uninstall hangs on a host that is gone for good.
+ */
+export function graceLeftMs(ctx: Context, e: Exporter): number {
+  const since = Date.parse(e.metadata.deletionTimestamp ?? "");
+  return Number.isNaN(since) ? Infinity : since + ctx.teardownGraceMs - ctx.now().getTime();
+}
+
+/**
+ * The finalizer goes without a teardown: said in a Warning event naming host and instance, and the host is
+ * remembered so a later sweep there removes the instance (ours, and its Exporter gone) once it can.
+ */
+function abandon(ctx: Context, owner: ExporterSet | Exporter, e: Exporter, where: string, candidates: LabTarget[]) {
+  const grace = Math.round(ctx.teardownGraceMs / 1000);
+  const [target] = candidates;
+  const later = target
+    ? "the orphan sweep removes it there once the host lets us in"
+    : "no SSH key for that host is known: remove it there by hand";
+  const message = `gave up tearing down ${e.metadata.name} on ${where} after ${grace}s (--teardown-grace): ` +
+    `${later}`;
+  for (const o of owner === e ? [e] : [e, owner]) ctx.recorder.event(o, "Warning", "TeardownAbandoned", message);
+  ctx.log.warn("dropping a finalizer without teardown", { exporter: e.metadata.name, host: where });
+  if (target) ctx.leftOn.set(where, parseTarget(where, target));
+}
+
+/**
  * Removes the Exporter's instance from the host it was deployed to; a problem if that cannot be done now, or an
  * OwnerConflict when the files there name another uid (a same-name instance of another namespace: ours was never
  * applied there, so there is nothing of ours to remove).
@@ -82,7 +113,8 @@ async function removeInstance(
     return {
       reason: "TeardownBlocked",
       message: `cannot tear down ${e.metadata.name} on ${where}: no usable SSH credentials for it (see the ` +
-        "VirtualTargetClass and its credentials Secret); the Exporter stays until the instance is removed",
+        "VirtualTargetClass and its credentials Secret); the Exporter stays until the instance is removed, at most " +
+        "--teardown-grace",
     };
   }
   for (const target of targets) {
@@ -90,7 +122,8 @@ async function removeInstance(
       await ctx.hosts.remove(parseTarget(where, target), e.metadata.name!, e.metadata.uid);
       return undefined;
     } catch (err) {
-      if (err instanceof SshError && err.kind === "auth") continue;
+      // another key, or another class's known_hosts, may be the one the host takes
+      if (err instanceof SshError && (err.kind === "auth" || err.kind === "hostkey")) continue;
       if (err instanceof HostScriptError && err.code === "owner-conflict") {
         ctx.log.warn("teardown left an instance that is not ours", { exporter: e.metadata.name, error: err.message });
         return { reason: OWNER_CONFLICT, message: `left ${e.metadata.name} on ${where} as it is: ${err.message}` };
@@ -103,9 +136,9 @@ async function removeInstance(
   }
   const problem = {
     reason: "TeardownNoKey",
-    message: `cannot tear down ${e.metadata.name} on ${where}: the host accepts none of the SSH keys of the ` +
-      "VirtualTargetClasses in its namespace; give a class the key of that host, or remove the instance there by hand " +
-      "and the Exporter's finalizer",
+    message: `cannot tear down ${e.metadata.name} on ${where}: the host accepts none of the ${targets.length} SSH ` +
+      "keys known for it (the classes' in its namespace, and those it took before); give a class the key of that " +
+      "host, or remove the instance there by hand; the finalizer goes after --teardown-grace",
   };
   ctx.log.warn("teardown found no key the host accepts", { exporter: e.metadata.name, host: where });
   return problem;
@@ -125,14 +158,38 @@ export async function orphaned(ctx: Context, current: ExporterSet | undefined, s
     ctx.recorder.event(e, "Warning", "NotOurs", message);
     ctx.log.warn("an Exporter that is not ours carries our finalizer", { exporter: e.metadata.name });
   }
-  // in parallel, as deploys are: one unreachable host must not hold up the instances on the others
+  const { requeueAfterMs } = await finalizeAll(
+    ctx,
+    undefined,
+    stale.filter((e) => e.metadata.deletionTimestamp && isOurs(e)),
+    [],
+    true,
+  );
+  return requeueAfterMs === undefined ? {} : { requeueAfterMs };
+}
+
+/**
+ * Finalizes Exporters being deleted, in parallel as deploys are (one unreachable host must not hold up the instances
+ * on the others), each with `targets` first, then the credentials of the classes in its namespace, then those
+ * remembered for its host. `owner`: the set whose Events tell of it; none for the Exporters of a set that is gone.
+ * Returns the problems and when to look again: for a retry, and at the latest when a grace ends.
+ */
+export async function finalizeAll(
+  ctx: Context,
+  owner: ExporterSet | undefined,
+  doomed: Exporter[],
+  targets: LabTarget[],
+  setDeleted: boolean,
+): Promise<{ problems: Problem[]; requeueAfterMs?: number }> {
   const results = await Promise.all(
-    stale.filter((e) => e.metadata.deletionTimestamp && isOurs(e)).map((e) =>
-      finalize(ctx, e, e, deployedTargets(ctx.caches, ctx.provisioner, e), true)
+    doomed.map((e) =>
+      finalize(ctx, owner ?? e, e, [...targets, ...deployedTargets(ctx.caches, ctx.provisioner, e)], setDeleted)
     ),
   );
   const problems = results.filter((p): p is Problem => p !== undefined);
-  return problems.length ? { requeueAfterMs: retryAfterMs(ctx.resyncMs, problems) } : {};
+  if (!problems.length) return { problems };
+  const graceEnds = Math.min(...doomed.map((e) => graceLeftMs(ctx, e)).filter((ms) => ms > 0));
+  return { problems, requeueAfterMs: Math.min(retryAfterMs(ctx.resyncMs, problems), Math.max(1_000, graceEnds)) };
 }
 
 /**

@@ -7,7 +7,8 @@ import { isConflict, isNotFound } from "../kube/client.ts";
 import { EXPORTER_SETS, EXPORTERS } from "../kube/resources.ts";
 import { leaseHolding } from "./leases.ts";
 import type { Context } from "./context.ts";
-import { FINALIZER, SET_LABEL } from "./marks.ts";
+import { FINALIZER, SET_LABEL, templateMarks } from "./marks.ts";
+import { PROVISIONER } from "../api/types.ts";
 import type { Plan } from "./plan.ts";
 import { statusChanged } from "./status.ts";
 
@@ -73,13 +74,23 @@ export function pendingCreates(ctx: Context, set: ExporterSet, live: Exporter[])
 async function createExporters(ctx: Context, set: ExporterSet, n: number): Promise<void> {
   if (n <= 0) return;
   const m = set.metadata;
+  const marks = templateMarks(set);
+  if (marks.dropped.length) {
+    ctx.recorder.event(
+      set,
+      "Warning",
+      "ReservedKeysIgnored",
+      `spec.template.metadata: ${marks.dropped.join(", ")} left out of the Exporters: keys under ` +
+        `${PROVISIONER}/ are this controller's to write; remove them from the template`,
+    );
+  }
   const created = await Promise.all(Array.from({ length: n }, () =>
     ctx.client.create<Exporter>(EXPORTERS, {
       metadata: {
         generateName: `${m.name}-`,
         namespace: m.namespace,
-        labels: { ...set.spec.template?.metadata?.labels, [SET_LABEL]: m.name! },
-        annotations: set.spec.template?.metadata?.annotations,
+        labels: { ...marks.labels, [SET_LABEL]: m.name! },
+        annotations: marks.annotations,
         finalizers: [FINALIZER],
         ownerReferences: [{
           apiVersion: `${EXPORTER_SETS.group}/${EXPORTER_SETS.version}`,

@@ -10,6 +10,7 @@ import { Buffer } from "node:buffer";
 import { freshNamespace, seedExample, type TestEnv, testEnv, waitFor } from "../env.ts";
 import { type FakeJumpstarter, startFakeJumpstarter } from "../fake_jumpstarter.ts";
 import { directTarget, ourController } from "../e2e_world.ts";
+import { readClusterId } from "../../src/run.ts";
 import { hostExec, type LabHost } from "../labhost/labhost.ts";
 import { KubeClient } from "../../src/kube/client.ts";
 import { Informer } from "../../src/kube/informer.ts";
@@ -424,6 +425,8 @@ export class FaultWorld {
   async sweep(): Promise<number> {
     const { controller: ctl, pool } = ourController(this.client, this.ns, this.aliases, {
       pool: { connectTimeoutMs: 5_000, backoffBaseMs: 200, backoffMaxMs: 2_000 },
+      // the identity of the controller under test (`run`), or its instances would not be this sweep's to judge
+      clusterId: await readClusterId(this.client, undefined),
     });
     const abort = new AbortController();
     const caches = Object.values(ctl.caches) as Informer<KubeObject>[];
