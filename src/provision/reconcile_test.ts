@@ -657,7 +657,7 @@ Deno.test("reconcile: instances it cannot see are counted as last seen, and the 
   assert.equal(condition(w.set, "Degraded")?.reason, "AuthenticationFailed");
 });
 
-Deno.test("reconcile: a pending lease matching two sets is demand of the oldest only", async () => {
+Deno.test("reconcile: a pending lease matching two sets with room is demand of the oldest only", async () => {
   const w = new World();
   const cls = w.ctx.caches.classes.get(NS, "qemu")!;
   w.kube.put(VIRTUAL_TARGET_CLASSES, { ...cls, spec: { ...cls.spec, bindingMode: "WaitForFirstConsumer" } });
@@ -674,6 +674,37 @@ Deno.test("reconcile: a pending lease matching two sets is demand of the oldest 
   const of = (set: string) => w.exporters().filter((e) => e.metadata.labels?.[SET_LABEL] === set).length;
   assert.equal(of(SET), 3, "the oldest matching set counts the lease");
   assert.equal(of("pool-b"), 2, "the other set does not count it again");
+});
+
+Deno.test("reconcile: pending demand spills over to the next matching set with room, one set per lease", async () => {
+  // the seed's multi-host recipe: one set per host, each at maxReplicas 1, two leases waiting
+  const w = new World({ minAvailableReplicas: 0, maxReplicas: 1 });
+  const cls = w.ctx.caches.classes.get(NS, "qemu")!;
+  w.kube.put(VIRTUAL_TARGET_CLASSES, { ...cls, spec: { ...cls.spec, bindingMode: "WaitForFirstConsumer" } });
+  w.advance(1_000);
+  w.kube.put<ExporterSet>(EXPORTER_SETS, { ...w.set, metadata: { name: "pool-b", namespace: NS, generation: 1 } });
+  for (const name of ["waiting-1", "waiting-2"]) {
+    w.kube.put<Lease>(JUMPSTARTER_LEASES, {
+      metadata: { name, namespace: NS },
+      spec: { selector: { matchLabels: { board: "qemu" } } },
+      status: { ended: false },
+    });
+    w.advance(1_000);
+  }
+  await reconcile(w.ctx, `${NS}/pool-b`);
+  await w.reconcile();
+  const of = (set: string) => w.exporters().filter((e) => e.metadata.labels?.[SET_LABEL] === set).length;
+  assert.deepEqual([of(SET), of("pool-b")], [1, 1], "each lease is served by one set");
+  // a third lease finds no room: it stays with the oldest set, whose status says it is capped
+  w.kube.put<Lease>(JUMPSTARTER_LEASES, {
+    metadata: { name: "waiting-3", namespace: NS },
+    spec: { selector: { matchLabels: { board: "qemu" } } },
+    status: { ended: false },
+  });
+  await reconcile(w.ctx, `${NS}/pool-b`);
+  await w.reconcile();
+  assert.deepEqual([of(SET), of("pool-b")], [1, 1]);
+  assert.equal(condition(w.set, "ScalingLimited")?.reason, "AtMaxReplicas");
 });
 
 Deno.test("reconcile: status.selector selects only this set's Exporters", async () => {

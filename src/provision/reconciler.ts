@@ -11,10 +11,10 @@ import type { InstanceParams } from "../host/instance_params.ts";
 import type { LabTarget } from "./credentials.ts";
 import type { AppliedState, Context } from "./context.ts";
 import { deployAll, type Deployed, ROLL_NEXT_MS } from "./deploy.ts";
-import { isLeased, leaseState, pendingDemand } from "./leases.ts";
-import { ownerSetName, SET_LABEL, wasDeployed } from "./marks.ts";
+import { type DemandTaker, isLeased, leaseState, pendingDemand } from "./leases.ts";
+import { ownerSetName, SET_LABEL, setOwner, wasDeployed } from "./marks.ts";
 import { fieldErrorLine } from "./params.ts";
-import { type ExporterView, plan, selectorString, withDefaults } from "./plan.ts";
+import { demandRoom, type ExporterView, plan, selectorString, withDefaults } from "./plan.ts";
 import { retryAfterMs } from "./problems.ts";
 import { computeStatus, type ExporterState, type Problem, type StatusInput } from "./status.ts";
 import { cachedSetTarget } from "./targets.ts";
@@ -75,11 +75,12 @@ export async function reconcile(ctx: Context, key: string): Promise<Outcome> {
   // 3. Plan and act.
   const views = exporterViews(ctx, ns, live);
   const pending = pendingCreates(ctx, set, live);
+  const waitForFirstConsumer = cls.spec.bindingMode === "WaitForFirstConsumer";
   const p = plan({
     spec: set.spec,
     exporters: [...views, ...pending.map(pendingView)],
-    pendingDemand: pendingDemand(set, ctx.caches.sets.list(ns), ctx.caches.leases.list(ns)),
-    waitForFirstConsumer: cls.spec.bindingMode === "WaitForFirstConsumer",
+    pendingDemand: waitForFirstConsumer ? pendingDemand(set, demandTakers(ctx, ns), ctx.caches.leases.list(ns)) : 0,
+    waitForFirstConsumer,
     surplusSince: old?.surplusSince,
     now: ctx.now(),
   });
@@ -174,6 +175,24 @@ function configuration(
     return { params: resolved.params, problems: [resolved.problem] };
   }
   return { params: resolved.params, target: resolved.target, problems: [] };
+}
+
+/**
+ * The sets of the namespace that count pending leases as demand (ours, WaitForFirstConsumer, not being deleted), each
+ * with its room: one pass over the Exporters, as every set's reconcile needs the whole namespace's view.
+ */
+function demandTakers(ctx: Context, ns: string): DemandTaker[] {
+  const leases = ctx.caches.leases.list(ns);
+  const leased = new Map<string, number>();
+  for (const e of ctx.caches.exporters.list(ns)) {
+    const owner = setOwner(e)?.uid;
+    if (owner && !e.metadata.deletionTimestamp && isLeased(e, leases)) leased.set(owner, (leased.get(owner) ?? 0) + 1);
+  }
+  return ctx.caches.sets.list(ns).filter((s) => {
+    const cls = ctx.caches.classes.get(ns, s.spec.virtualTargetClassName);
+    return !s.metadata.deletionTimestamp && cls?.spec.provisioner === ctx.provisioner &&
+      cls.spec.bindingMode === "WaitForFirstConsumer";
+  }).map((s) => ({ set: s, room: demandRoom(s.spec, leased.get(s.metadata.uid!) ?? 0) }));
 }
 
 function exporterViews(ctx: Context, ns: string, live: Exporter[]): ExporterView[] {
