@@ -52,7 +52,9 @@ export interface StatusInput {
 
 export function computeStatus(i: StatusInput): ExporterSetStatus {
   const ex = i.exporters;
-  const ready = ex.filter((e) => e.ready);
+  // ready means it can take a lease: units up, and not reported offline by Jumpstarter, whose word wins where it
+  // has one (an exporter that gave up on its controller keeps its units up until it exits)
+  const ready = ex.filter((e) => e.ready && e.online !== false);
   const leased = ex.filter((e) => e.leased);
   const available = ready.filter((e) => e.enabled && !e.leased);
   const offline = ex.filter((e) => e.online === false || (!e.ready && !i.waitingForCredentials.includes(e.name)));
