@@ -638,6 +638,19 @@ export const validPair: fc.Arbitrary<Pair> = fc.tuple(
     const host = (params.host as Record<string, unknown> | undefined) ?? {};
     holder.parameters = obj([...Object.entries(params), ["host", obj([...Object.entries(host), ["name", name]])]]);
   }
+  // the class lets its sets override all they do here (the refusals have tests of their own), by exact device path
+  const devices = own(own(p.set.spec.parameters, "runtime"), "devices");
+  p.cls.spec.setOverrides = {
+    host: true,
+    user: true,
+    port: true,
+    devices: Array.isArray(devices) ? devices.map((d: string) => d.split(":")[0]) : [],
+  };
+  // and a set can only make host-key checking stricter
+  const ssh = own(p.set.spec.parameters, "ssh") as Record<string, unknown> | undefined;
+  if (ssh?.hostKeyPolicy === "AcceptNew" && own(own(p.cls.spec.parameters, "ssh"), "hostKeyPolicy") !== "AcceptNew") {
+    delete ssh.hostKeyPolicy;
+  }
   return p;
 });
 

@@ -707,6 +707,28 @@ Deno.test("reconcile: pending demand spills over to the next matching set with r
   assert.equal(condition(w.set, "ScalingLimited")?.reason, "AtMaxReplicas");
 });
 
+Deno.test("reconcile: a set overriding what its class keeps deploys nothing and says which class rule", async () => {
+  const w = new World({ parameters: { runtime: { devices: ["/dev/sda"] } } });
+  await w.reconcile();
+  await w.reconcile();
+  assert.equal(w.hosts.calls.filter((c) => c.startsWith("apply")).length, 0, "nothing reaches the host");
+  const degraded = condition(w.set, "Degraded");
+  assert.equal(degraded?.reason, "InvalidParameters");
+  assert.match(
+    degraded?.message ?? "",
+    /ExporterSet pool: spec\.parameters\.runtime\.devices\[0\]: \/dev\/sda is not a device VirtualTargetClass qemu .*spec\.setOverrides\.devices/,
+  );
+  // the lab admin allows it on the class: deployed
+  const cls = w.ctx.caches.classes.get(NS, "qemu")!;
+  w.kube.put(VIRTUAL_TARGET_CLASSES, { ...cls, spec: { ...cls.spec, setOverrides: { devices: ["/dev/sd?"] } } });
+  await w.deployed();
+  assert.equal(condition(w.set, "Degraded")?.status, "False");
+  assert.deepEqual(
+    w.hosts.instance(HOST, w.exporters()[0].metadata.name!)?.rendered.name,
+    w.exporters()[0].metadata.name,
+  );
+});
+
 Deno.test("reconcile: status.selector selects only this set's Exporters", async () => {
   const w = new World();
   await w.reconcile();
