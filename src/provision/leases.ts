@@ -1,4 +1,4 @@
-/** Jumpstarter's word on leases, read from the cached Leases and Exporters. Pure. */
+/** Jumpstarter's word on leases and on exporters being online, read from the cached Leases and Exporters. Pure. */
 import type { Exporter, ExporterSet, Lease } from "../api/types.ts";
 import { selectorMatches } from "./plan.ts";
 
@@ -49,4 +49,10 @@ export function pendingDemand(set: ExporterSet, takers: DemandTaker[], leases: L
     if (taker.set.metadata.uid === set.metadata.uid) mine++;
   }
   return mine;
+}
+
+/** Jumpstarter's view: true = online, false = reported offline, undefined = not reported yet. */
+export function onlineReport(e: Exporter): boolean | undefined {
+  const online = e.status?.conditions?.find((c) => c.type === "Online");
+  return online ? online.status === "True" : undefined;
 }

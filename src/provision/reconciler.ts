@@ -10,8 +10,8 @@ import type { Outcome } from "../kube/queue.ts";
 import type { InstanceParams } from "../host/instance_params.ts";
 import type { LabTarget } from "./credentials.ts";
 import type { AppliedState, Context } from "./context.ts";
-import { deployAll, type Deployed, ROLL_NEXT_MS } from "./deploy.ts";
-import { type DemandTaker, isLeased, leaseState, pendingDemand } from "./leases.ts";
+import { deployAll, type Deployed, fastCheckInMs, ROLL_NEXT_MS } from "./deploy.ts";
+import { type DemandTaker, isLeased, leaseState, onlineReport, pendingDemand } from "./leases.ts";
 import { ownerSetName, SET_LABEL, setOwner, wasDeployed } from "./marks.ts";
 import { fieldErrorLine } from "./params.ts";
 import { demandRoom, type ExporterView, plan, selectorString, withDefaults } from "./plan.ts";
@@ -120,6 +120,7 @@ export async function reconcile(ctx: Context, key: string): Promise<Outcome> {
       p.requeueAfterMs ?? Infinity,
       orphanOutcome.requeueAfterMs ?? Infinity,
       backoffEndsInMs(ctx, live, states),
+      fastCheckInMs(ctx, live),
       outdated.some((o) => !o.lease) ? ROLL_NEXT_MS : Infinity,
     ),
   };
@@ -216,12 +217,6 @@ const pendingView = (name: string): ExporterView => ({
   leaseEnded: false,
   createdAt: "",
 });
-
-/** Jumpstarter's view: true = online, false = reported offline, undefined = not reported yet. */
-function onlineReport(e: Exporter): boolean | undefined {
-  const online = e.status?.conditions?.find((c) => c.type === "Online");
-  return online ? online.status === "True" : undefined;
-}
 
 /**
  * The state of an instance as this reconcile found it; when it could not even try (the parameters or credentials are
