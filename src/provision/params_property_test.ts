@@ -795,6 +795,23 @@ export const PARAMS_PROPERTIES: NamedProperty[] = [
       }),
   },
   {
+    name:
+      "(2d) under a class's default setOverrides, whatever resolves keeps its user, port, devices and host-key rule",
+    runs: 300,
+    property: () =>
+      fc.property(validPair, (p) => {
+        p.cls.spec.setOverrides = undefined;
+        const r = checkResolve(p);
+        if (!r.ok) return;
+        const cls = (...path: string[]) => path.reduce<unknown>((o, k) => own(o, k), p.cls.spec.parameters);
+        assert.equal(r.params.host.user, cls("host", "user") ?? cls("ssh", "user") ?? "root");
+        assert.equal(r.params.host.port, cls("host", "port") ?? cls("ssh", "port") ?? 22);
+        const clsDevices = ((cls("runtime", "devices") ?? []) as string[]).map((d) => d.split(":")[0]);
+        for (const d of r.params.runtime.devices) assert.ok(clsDevices.includes(d.split(":")[0]), `${d} got through`);
+        if (r.params.hostKeyPolicy === "AcceptNew") assert.equal(cls("ssh", "hostKeyPolicy"), "AcceptNew");
+      }),
+  },
+  {
     name: "(2c) an unknown key, whatever its name, is reported and changes nothing else",
     runs: 300,
     property: () =>
