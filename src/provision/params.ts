@@ -1,9 +1,9 @@
 /**
- * Provisioner parameters: the class's `spec.parameters` with the set's deep-merged over them, where the class's
- * `spec.setOverrides` allows (overrides.ts), validated into the
- * typed values the renderer and the remote scripts use. Everything validated here ends up on a remote host (an SSH
- * target, a unit file, a container argument), so this is the injection boundary: values are checked against strict
- * patterns, never escaped into shape. Pure: no I/O, no clock.
+ * Provisioner parameters: the class's `spec.parameters` with the set's deep-merged over them where the class's
+ * `spec.setOverrides` allows it (overrides.ts), validated into the typed values the renderer and the remote scripts
+ * use. Everything validated here ends up on a remote host (an SSH target, a unit file, a container argument), so this
+ * is the injection boundary: values are checked against strict patterns, never escaped into shape. Pure: no I/O, no
+ * clock.
  */
 import { isIPv4, isIPv6 } from "node:net";
 import type { DriverSpec, ExporterSet, VirtualTargetClass } from "../api/types.ts";
@@ -121,11 +121,7 @@ export function resolveParams(cls: VirtualTargetClass, set: ExporterSet): Resolv
   const fail = (path: string[], message: string, suffix = "") =>
     errors.push({ ...origin(path), field: `spec.parameters.${path.join(".")}${suffix}`, message });
 
-  const get = (path: string[]): unknown => {
-    let cur: unknown = merged;
-    for (const p of path) cur = isMap(cur) ? cur[p] : undefined;
-    return cur;
-  };
+  const get = (path: string[]) => valueAt(merged, path);
 
   // Unknown keys, reported on each object separately so the message names where the typo is.
   for (const [ref, params] of [[clsRef, clsParams], [setRef, setParams]] as const) {
@@ -218,11 +214,7 @@ export function resolveParams(cls: VirtualTargetClass, set: ExporterSet): Resolv
   const devices = checkDevices(get(["runtime", "devices"]), (m, suffix) => fail(["runtime", "devices"], m, suffix));
 
   // what the class lets its sets override (overrides.ts), judged on the values in effect
-  const clsGet = (path: string[]): unknown => {
-    let cur: unknown = clsParams;
-    for (const p of path) cur = isMap(cur) ? cur[p] : undefined;
-    return cur;
-  };
+  const clsGet = (path: string[]) => valueAt(clsParams, path);
   const asString = (v: unknown) => typeof v === "string" ? v : undefined;
   const asInt = (v: unknown) => Number.isInteger(v) ? v as number : undefined;
   const hostSides = (v: unknown) =>
@@ -274,6 +266,12 @@ export function resolveParams(cls: VirtualTargetClass, set: ExporterSet): Resolv
   if (memory) params.memory = memory;
   if (storage) params.storage = storage;
   return { ok: true, params, warnings };
+}
+
+function valueAt(root: unknown, path: string[]): unknown {
+  let cur = root;
+  for (const p of path) cur = isMap(cur) ? cur[p] : undefined;
+  return cur;
 }
 
 type Ref = { object: FieldError["object"]; name: string };
