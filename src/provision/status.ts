@@ -111,6 +111,15 @@ export function computeStatus(i: StatusInput): ExporterSetStatus {
       "NoReplicasRequired",
       "no exporters are required (minReplicas and minAvailableReplicas are 0)",
     );
+  } else if (desired > 0 && ready.length === 0 && ex.length > 0) {
+    // minimums of 0 are met by nothing, but a set that runs exporters none of which can take a lease is not available
+    c(
+      "Available",
+      false,
+      "MinimumReplicasUnavailable",
+      `none of ${ex.length} exporters can take a lease` +
+        (offline.length ? ` (offline: ${offline.map((e) => e.name).join(", ")})` : ""),
+    );
   } else if (available.length >= i.minAvailableReplicas && ready.length >= i.minReplicas) {
     c("Available", true, "MinimumReplicasAvailable", `${available.length} idle of ${ready.length} ready exporters`);
   } else {

@@ -94,3 +94,14 @@ Deno.test("status: an exporter Jumpstarter reports offline is not ready, whateve
   const unreported = computeStatus({ ...base, exporters: [{ name: "e1", enabled: true, leased: false, ready: true }] });
   assert.equal(unreported.readyReplicas, 1);
 });
+
+Deno.test("status: with minimums of 0, a set whose exporters all are offline is not Available", () => {
+  const s = computeStatus({
+    ...base,
+    minAvailableReplicas: 0,
+    exporters: [{ name: "e1", enabled: true, leased: false, ready: true, online: false }],
+  });
+  assert.equal(cond(s, "Available").status, "False");
+  assert.match(cond(s, "Available").message!, /none of 1 exporters can take a lease \(offline: e1\)/);
+  assert.equal(cond(s, "Degraded").reason, "ExportersOffline");
+});
