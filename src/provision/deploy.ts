@@ -218,7 +218,7 @@ async function deploy(
  * tell that exit from the one after a lease, which must stay down to be replaced; the controller can (leases.ts).
  */
 const FAST_CHECK_WINDOW_MS = 2 * 60_000;
-export const FAST_CHECK_MS = 5_000;
+const FAST_CHECK_MS = 5_000;
 
 /**
  * How often the instance is checked on its host: every FAST_CHECK_MS in the window after a start until Jumpstarter
