@@ -86,3 +86,22 @@ Deno.test("crds: invalid ExporterSets are refused with the API server's validati
     client.close();
   }
 });
+
+Deno.test("crds: a class's setOverrides is stored with its defaults; a device pattern outside /dev is refused", async () => {
+  const client = await KubeClient.load((await testEnv()).kubeconfig);
+  try {
+    const ns = await freshNamespace(client, "crd");
+    const cls = await seedExample("virtualtargetclass.yaml", ns) as VirtualTargetClass;
+    cls.spec.setOverrides = { devices: ["/dev/ttyUSB*"] };
+    const stored = await client.create(VIRTUAL_TARGET_CLASSES, cls as KubeObject) as VirtualTargetClass;
+    assert.deepEqual(stored.spec.setOverrides, { host: true, user: false, port: false, devices: ["/dev/ttyUSB*"] });
+    const bad = structuredClone(cls);
+    bad.metadata.name = "bad-devices";
+    bad.spec.setOverrides = { devices: ["/etc/*"] };
+    const e = await rejection(client.create(VIRTUAL_TARGET_CLASSES, bad as KubeObject));
+    assert.equal(e.status, 422, e.message);
+    assert.match(e.message, /spec\.setOverrides\.devices\[0\]/);
+  } finally {
+    client.close();
+  }
+});

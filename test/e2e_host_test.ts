@@ -263,6 +263,51 @@ Deno.test({
   },
 });
 
+Deno.test({
+  name: "e2e: an exporter that gave up on a controller that was not ready (exit 0) is started again within seconds",
+  ...opts,
+  async fn() {
+    // Why 6 of issue 18. The resync is far away: only the close check of an exporter not yet Online can notice, as
+    // Jumpstarter never saw it online and the exit is clean (Restart=on-failure leaves it down).
+    const w = await world({ resyncMs: 600_000 });
+    try {
+      await applySeed(w);
+      const [e] = await waitReady(w, 1);
+      const name = e.metadata.name!;
+      await waitStandinUp(w.host, name);
+      const starts = async () => (await journal(w.host, name)).split("standin-exporter: starting").length - 1;
+      // the endpoint of a controller that is not ready: the stand-in fails 5 times and exits 0, as `jmp run` does
+      await w.client.mergePatch(
+        EXPORTERS,
+        w.ns,
+        name,
+        { status: { endpoint: "jumpstarter.unready.invalid:443" } },
+        "status",
+      );
+      await waitFor(async () => (await journal(w.host, name)).includes("exiting with status 0"), {
+        what: "the exporter to give up on its controller",
+        timeoutMs: 60_000,
+      });
+      const t0 = performance.now();
+      const before = await starts();
+      await waitFor(async () => (await starts()) > before, {
+        what: "the exporter started again after its clean exit (the resync is 10 minutes away)",
+        timeoutMs: 60_000,
+      });
+      console.log(`  exited exporter started again after ${seconds(t0)}`);
+      // it keeps giving up: started again with back-off, then reported, never replaced
+      const failing = await waitFor(async () => {
+        const c = cond(await getSet(w), "Degraded");
+        return c?.reason === "ExporterFailing" ? c : undefined;
+      }, { what: "the set to report the failing exporter", timeoutMs: 120_000 });
+      assert.match(failing.message ?? "", /went down 3 times without its lease ending/);
+      assert.deepEqual((await exporters(w)).map((x) => x.metadata.name), [name], "never replaced without a lease end");
+    } finally {
+      await w.stop();
+    }
+  },
+});
+
 /** What Jumpstarter records when a lease of the exporter is over: a Lease naming it, with status.ended. */
 async function endedLease(w: World, exporter: string): Promise<void> {
   const lease = await w.client.create<Lease>(JUMPSTARTER_LEASES, {

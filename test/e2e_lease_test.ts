@@ -9,6 +9,9 @@ import {
   applySeed,
   cond,
   containerIdentity,
+  createClass,
+  createKeySecret,
+  createSet,
   exporters,
   getSet,
   hostHas,
@@ -116,6 +119,40 @@ Deno.test({
       });
       const [next] = await waitReady(w, 1);
       assert.ok(await hostHas(w.host2, next.metadata.name!), "the fresh Exporter runs on the new host");
+    } finally {
+      await w.stop();
+    }
+  },
+});
+
+Deno.test({
+  name: "e2e: WaitForFirstConsumer: pending leases spill over to the next set with room (one set per host)",
+  ...opts,
+  async fn() {
+    // the seed's recipe for more hosts: a second ExporterSet of the same class that overrides parameters.host
+    const w = await world();
+    try {
+      await createKeySecret(w);
+      await createClass(w, (c) => c.spec.bindingMode = "WaitForFirstConsumer");
+      const perHost = (s: ExporterSet) => Object.assign(s.spec, { minAvailableReplicas: 0, maxReplicas: 1 });
+      await createSet(w, perHost);
+      const second = `${SET}-02`;
+      await createSet(w, (s) => {
+        perHost(s);
+        s.metadata.name = second;
+        s.spec.parameters = { host: { name: SECOND_HOST } };
+      });
+      for (let i = 0; i < 2; i++) {
+        await w.client.create<Lease>(JUMPSTARTER_LEASES, {
+          metadata: { generateName: "pending-", namespace: w.ns },
+          spec: { selector: { matchLabels: { board: "aarch64-qemu" } } },
+        });
+      }
+      const [a] = await waitReady(w, 1);
+      const [b] = await waitReady(w, 1, second);
+      assert.ok(await hostHas(w.host, a.metadata.name!), "the first set's exporter runs on its host");
+      assert.ok(await hostHas(w.host2, b.metadata.name!), "the second lease is served by the second host");
+      assert.equal((await exporters(w)).length, 2, "one exporter per lease, not one per set and lease");
     } finally {
       await w.stop();
     }

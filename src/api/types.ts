@@ -66,6 +66,24 @@ const parametersSchema = freeForm({
 
 // ---------------------------------------------------------------- VirtualTargetClass
 
+/** Defaults here and in provision/overrides.ts (SET_OVERRIDE_DEFAULTS), which also applies them to manifest files. */
+const setOverridesSchema = object({
+  host: optional(boolean({
+    default: true,
+    description: "Sets may choose parameters.host.name (one set per lab host, as the seed does).",
+  })),
+  user: optional(boolean({ default: false, description: "Sets may choose the SSH user (host.user, ssh.user)." })),
+  port: optional(boolean({ default: false, description: "Sets may choose the SSH port (host.port, ssh.port)." })),
+  devices: optional(array(string({ pattern: "^/dev/[A-Za-z0-9_.+*?/-]+$" }), {
+    description: "Host devices sets may add with parameters.runtime.devices: paths under /dev, where * and ? match " +
+      "within one path segment (e.g. /dev/ttyUSB*). Empty: none beyond the class's own.",
+  })),
+}, {
+  description: "What ExporterSets of this class may override in parameters. host, user, port and devices are the " +
+    "class's unless allowed here; a set's ssh.hostKeyPolicy can only make host-key checking stricter.",
+});
+export type SetOverrides = Infer<typeof setOverridesSchema>;
+
 export const BINDING_MODES = ["Immediate", "WaitForFirstConsumer"] as const;
 export const RECLAIM_POLICIES = ["Delete", "Retain"] as const;
 
@@ -73,6 +91,7 @@ export const virtualTargetClassSpecSchema = object({
   provisioner: string({ minLength: 1, description: "The provisioner that serves this class." }),
   credentialsSecretRef: optional(localRef({ description: "Secret with the SSH key (`ssh-privatekey`)." })),
   parameters: optional(parametersSchema),
+  setOverrides: optional(setOverridesSchema),
   bindingMode: optional(enumOf(BINDING_MODES, { default: "Immediate" })),
   reclaimPolicy: optional(enumOf(RECLAIM_POLICIES, { default: "Delete" })),
   scheduling: optional(object({

@@ -160,4 +160,6 @@ export interface AppliedState {
   failing?: string;
   /** Jumpstarter's offline report (see offlineMarker) as it stood when this apply ran. */
   offline?: string;
+  /** When an apply last started, restarted or reloaded the exporter (deploy.ts checks it closely for a while). */
+  startedAt: number;
 }

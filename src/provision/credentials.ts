@@ -3,7 +3,9 @@
  *
  * Host-key policy: `parameters.ssh.hostKeyPolicy` wins; otherwise Strict when the Secret carries `known_hosts`,
  * AcceptNew (trust on first use, pinned in the `qemu-ssh-known-hosts` Secret of the namespace) when it does not,
- * so the seed's `kubectl create secret generic lab-ssh-key --from-file=ssh-privatekey=...` works as written.
+ * so the seed's `kubectl create secret generic lab-ssh-key --from-file=ssh-privatekey=...` works as written. The
+ * Secret is the class's, so its `known_hosts` is the class's policy: a set's policy only ever reaches here when it
+ * is stricter (overrides.ts).
  */
 import { Buffer } from "node:buffer";
 import type { Secret, VirtualTargetClass } from "../api/types.ts";

@@ -12,7 +12,7 @@ import type { InstanceParams } from "../host/instance_params.ts";
 import { decodeSecretValue, type LabTarget } from "./credentials.ts";
 import type { AppliedState, Context } from "./context.ts";
 import { driftSince } from "./host_checks.ts";
-import { leaseHolding, leaseState } from "./leases.ts";
+import { leaseHolding, leaseState, onlineReport } from "./leases.ts";
 import { HOST_ANNOTATION, RECLAIM_ANNOTATION, wasDeployed } from "./marks.ts";
 import { applyFailureReason, applyFailureText, errorText } from "./problems.ts";
 import type { Problem, Waits } from "./status.ts";
@@ -157,7 +157,7 @@ async function deploy(
   // a restart deferred under a lease that is over now is due, whatever else still matches
   const due = last?.pending === true && !holder;
   if (last && !due && stillApplied(last, hashOf(rendered), offline)) {
-    if (now - last.at < ctx.resyncMs) return last;
+    if (now - last.at < checkEveryMs(ctx, last, e, now)) return last;
     // due for its check on the host, which one inspection there answers for all instances of every set on it
     const checked = await driftSince(ctx, target, rendered, last.at);
     if (!checked.drift.length) {
@@ -203,6 +203,8 @@ async function deploy(
     pending: report.restartPending,
     failing: trackFailures(ctx, e, report, last !== undefined, now),
     offline,
+    // a `jmp run` begun now (first start, a restart, a reload) may yet give up on its controller and exit
+    startedAt: !last || report.startedExporter || report.changed.length ? now : last.startedAt,
   };
   const reclaim = instance.retain ? "Retain" : undefined;
   const annotations = e.metadata.annotations ?? {};
@@ -214,6 +216,36 @@ async function deploy(
   // remembered only once annotated: an apply whose annotation failed is done again, as the resync checks would not
   ctx.applied.set(e.metadata.uid!, state);
   return state;
+}
+
+/**
+ * How long after its start an exporter not reported Online is checked on its host every FAST_CHECK_MS: `jmp run`
+ * exits 0 after 5 failures within 60 s when its controller is not ready, and Restart=on-failure (ExitAndReplace) then
+ * leaves it down with nothing to tell us, as Jumpstarter never saw it online. The host's own restart policy cannot
+ * tell that exit from the one after a lease, which must stay down to be replaced; the controller can (leases.ts).
+ */
+const FAST_CHECK_WINDOW_MS = 2 * 60_000;
+const FAST_CHECK_MS = 5_000;
+
+/**
+ * How often the instance is checked on its host: every FAST_CHECK_MS in the window after a start until Jumpstarter
+ * reports it Online (an inspection of its host answers for every instance there), else once per resync.
+ */
+function checkEveryMs(ctx: Context, last: AppliedState, e: Exporter, now: number): number {
+  const young = now - last.startedAt < FAST_CHECK_WINDOW_MS;
+  return young && onlineReport(e) !== true ? Math.min(FAST_CHECK_MS, ctx.resyncMs) : ctx.resyncMs;
+}
+
+/** When the set's next fast check is due (Infinity: none is), for the reconciler's requeue. */
+export function fastCheckInMs(ctx: Context, live: Exporter[]): number {
+  const now = ctx.now().getTime();
+  const due = live.map((e) => {
+    const last = ctx.applied.get(e.metadata.uid!);
+    if (!last) return Infinity;
+    const every = checkEveryMs(ctx, last, e, now);
+    return every < ctx.resyncMs ? Math.max(1_000, last.at + every - now) : Infinity;
+  });
+  return Math.min(Infinity, ...due);
 }
 
 /** Starts counted before the set reports the exporter as failing; systemd's own restarts after crashes count too. */

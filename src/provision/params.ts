@@ -1,8 +1,9 @@
 /**
- * Provisioner parameters: the class's `spec.parameters` with the set's deep-merged over them, validated into the
- * typed values the renderer and the remote scripts use. Everything validated here ends up on a remote host (an SSH
- * target, a unit file, a container argument), so this is the injection boundary: values are checked against strict
- * patterns, never escaped into shape. Pure: no I/O, no clock.
+ * Provisioner parameters: the class's `spec.parameters` with the set's deep-merged over them where the class's
+ * `spec.setOverrides` allows it (overrides.ts), validated into the typed values the renderer and the remote scripts
+ * use. Everything validated here ends up on a remote host (an SSH target, a unit file, a container argument), so this
+ * is the injection boundary: values are checked against strict patterns, never escaped into shape. Pure: no I/O, no
+ * clock.
  */
 import { isIPv4, isIPv6 } from "node:net";
 import type { DriverSpec, ExporterSet, VirtualTargetClass } from "../api/types.ts";
@@ -17,6 +18,7 @@ import {
   QEMU_DRIVER_TYPE,
   quantityBytes,
 } from "../host/instance_params.ts";
+import { overrideErrors } from "./overrides.ts";
 
 export interface FieldError {
   object: "VirtualTargetClass" | "ExporterSet";
@@ -128,11 +130,7 @@ export function resolveParams(cls: VirtualTargetClass, set: ExporterSet): Resolv
   const fail = (path: string[], message: string, suffix = "") =>
     errors.push({ ...origin(path), field: `spec.parameters.${path.join(".")}${suffix}`, message });
 
-  const get = (path: string[]): unknown => {
-    let cur: unknown = merged;
-    for (const p of path) cur = isMap(cur) ? cur[p] : undefined;
-    return cur;
-  };
+  const get = (path: string[]) => valueAt(merged, path);
 
   // Unknown keys, reported on each object separately so the message names where the typo is.
   for (const [ref, params] of [[clsRef, clsParams], [setRef, setParams]] as const) {
@@ -224,6 +222,30 @@ export function resolveParams(cls: VirtualTargetClass, set: ExporterSet): Resolv
   } else kvm = kvmValue === true;
   const devices = checkDevices(get(["runtime", "devices"]), (m, suffix) => fail(["runtime", "devices"], m, suffix));
 
+  // what the class lets its sets override (overrides.ts), judged on the values in effect
+  const clsGet = (path: string[]) => valueAt(clsParams, path);
+  const asString = (v: unknown) => typeof v === "string" ? v : undefined;
+  const asInt = (v: unknown) => Number.isInteger(v) ? v as number : undefined;
+  const hostSides = (v: unknown) =>
+    Array.isArray(v) ? v.filter((d): d is string => typeof d === "string").map((d) => d.split(":")[0]) : [];
+  const bySet = (path: string[]) => origin(path) === setRef;
+  const clsPolicy = asString(clsGet(["ssh", "hostKeyPolicy"])) as HostKeyPolicy | undefined;
+  errors.push(...overrideErrors(cls, setRef.name, {
+    bySet,
+    host: { set: hostName, cls: asString(clsGet(["host", "name"])) },
+    user: {
+      set: user,
+      cls: asString(clsGet(["host", "user"])) ?? asString(clsGet(["ssh", "user"])) ?? "root",
+    },
+    port: { set: port, cls: asInt(clsGet(["host", "port"])) ?? asInt(clsGet(["ssh", "port"])) ?? 22 },
+    devices: { set: hostSides(devices), cls: hostSides(clsGet(["runtime", "devices"])) },
+    hostKeyPolicy: { set: hostKeyPolicy, cls: clsPolicy },
+  }));
+  // a set's AcceptNew never loosens the class: where the class says nothing, its Secret decides (credentials.ts)
+  const keyPolicy = bySet(["ssh", "hostKeyPolicy"]) && hostKeyPolicy === "AcceptNew" && clsPolicy !== "AcceptNew"
+    ? undefined
+    : hostKeyPolicy;
+
   const arch = str(
     ["arch"],
     (s) =>
@@ -249,12 +271,18 @@ export function resolveParams(cls: VirtualTargetClass, set: ExporterSet): Resolv
     diskBytes: diskVolumeBytes(storage ?? DEFAULT_STORAGE_SIZE, overhead ?? DEFAULT_FS_OVERHEAD),
     images,
   };
-  if (hostKeyPolicy) params.hostKeyPolicy = hostKeyPolicy;
+  if (keyPolicy) params.hostKeyPolicy = keyPolicy;
   if (arch) params.arch = arch;
   if (cpu !== undefined) params.cpu = cpu;
   if (memory) params.memory = memory;
   if (storage) params.storage = storage;
   return { ok: true, params, warnings };
+}
+
+function valueAt(root: unknown, path: string[]): unknown {
+  let cur = root;
+  for (const p of path) cur = isMap(cur) ? cur[p] : undefined;
+  return cur;
 }
 
 type Ref = { object: FieldError["object"]; name: string };

@@ -651,6 +651,19 @@ export const validPair: fc.Arbitrary<Pair> = fc.tuple(
     const host = (params.host as Record<string, unknown> | undefined) ?? {};
     holder.parameters = obj([...Object.entries(params), ["host", obj([...Object.entries(host), ["name", name]])]]);
   }
+  // the class lets its sets override all they do here (the refusals have tests of their own), by exact device path
+  const devices = own(own(p.set.spec.parameters, "runtime"), "devices");
+  p.cls.spec.setOverrides = {
+    host: true,
+    user: true,
+    port: true,
+    devices: Array.isArray(devices) ? devices.map((d: string) => d.split(":")[0]) : [],
+  };
+  // and a set can only make host-key checking stricter
+  const ssh = own(p.set.spec.parameters, "ssh") as Record<string, unknown> | undefined;
+  if (ssh?.hostKeyPolicy === "AcceptNew" && own(own(p.cls.spec.parameters, "ssh"), "hostKeyPolicy") !== "AcceptNew") {
+    delete ssh.hostKeyPolicy;
+  }
   return p;
 });
 
@@ -796,6 +809,23 @@ export const PARAMS_PROPERTIES: NamedProperty[] = [
         const r = checkResolve(p);
         assert.ok(r.ok, `valid input rejected: ${JSON.stringify(!r.ok && r.errors, null, 1)}`);
         assert.deepEqual(r.params, expectedParams(p));
+      }),
+  },
+  {
+    name:
+      "(2d) under a class's default setOverrides, whatever resolves keeps its user, port, devices and host-key rule",
+    runs: 300,
+    property: () =>
+      fc.property(validPair, (p) => {
+        p.cls.spec.setOverrides = undefined;
+        const r = checkResolve(p);
+        if (!r.ok) return;
+        const cls = (...path: string[]) => path.reduce<unknown>((o, k) => own(o, k), p.cls.spec.parameters);
+        assert.equal(r.params.host.user, cls("host", "user") ?? cls("ssh", "user") ?? "root");
+        assert.equal(r.params.host.port, cls("host", "port") ?? cls("ssh", "port") ?? 22);
+        const clsDevices = ((cls("runtime", "devices") ?? []) as string[]).map((d) => d.split(":")[0]);
+        for (const d of r.params.runtime.devices) assert.ok(clsDevices.includes(d.split(":")[0]), `${d} got through`);
+        if (r.params.hostKeyPolicy === "AcceptNew") assert.equal(cls("ssh", "hostKeyPolicy"), "AcceptNew");
       }),
   },
   {

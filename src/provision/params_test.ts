@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { seedParams } from "../../test/fixtures.ts";
-import type { ExporterSet, VirtualTargetClass } from "../api/types.ts";
+import type { ExporterSet, SetOverrides, VirtualTargetClass } from "../api/types.ts";
 import { type FieldError, mergeParameters, resolveParams } from "./params.ts";
 import { diskVolumeBytes, overheadBytes, qemuQuantity } from "../host/instance_params.ts";
 
@@ -52,6 +52,10 @@ function withParams<T extends VirtualTargetClass | ExporterSet>(o: T, parameters
   return { ...o, spec: { ...o.spec, parameters } };
 }
 
+function allowing(cls: VirtualTargetClass, setOverrides: SetOverrides): VirtualTargetClass {
+  return { ...cls, spec: { ...cls.spec, setOverrides } };
+}
+
 function errorsOf(cls: VirtualTargetClass, set: ExporterSet): FieldError[] {
   const r = resolveParams(cls, set);
   assert.equal(r.ok, false, "expected validation errors");
@@ -89,14 +93,14 @@ Deno.test("the seed's class and set resolve to the documented values", () => {
 
 Deno.test("a set overriding parameters.host targets another host with its own user and port", () => {
   const set = withParams(seedSet(), { host: { name: "lab-host-02.example.com", user: "lab", port: 2022 } });
-  const r = resolveParams(seedClass(), set);
+  const r = resolveParams(allowing(seedClass(), { user: true, port: true }), set);
   assert.ok(r.ok, JSON.stringify(r));
   assert.deepEqual(r.params.host, { name: "lab-host-02.example.com", user: "lab", port: 2022 });
   assert.equal(r.params.arch, "aarch64", "the rest still comes from the class");
 
   // host.* beats ssh.*, ssh.* beats the root:22 fallback
   const cls = withParams(seedClass(), { host: { name: "10.0.0.5" }, ssh: { user: "ops", port: 2200 } });
-  const r2 = resolveParams(cls, withParams(seedSet(), { host: { port: 2201 } }));
+  const r2 = resolveParams(allowing(cls, { port: true }), withParams(seedSet(), { host: { port: 2201 } }));
   assert.ok(r2.ok);
   assert.deepEqual(r2.params.host, { name: "10.0.0.5", user: "ops", port: 2201 });
   const r3 = resolveParams(withParams(seedClass(), { host: { name: "fd00::5" } }), seedSet());
@@ -184,9 +188,12 @@ Deno.test("each bad value names the object it came from, the field, and the fix"
     [{ host: "lab-host-01" }, "host", /expected a map with the keys name, user, port; got string/],
   ];
   for (const [override, field, message] of cases) {
-    // on the set: the error blames the set
+    // on the set (of a class that lets it override all these): the error blames the set
     assertOneError(
-      errorsOf(seedClass(), withParams(seedSet(), override)),
+      errorsOf(
+        allowing(seedClass(), { host: true, user: true, port: true, devices: ["/dev/*"] }),
+        withParams(seedSet(), override),
+      ),
       "ExporterSet",
       `spec.parameters.${field}`,
       message,
@@ -319,4 +326,87 @@ Deno.test("storage: /disk is storage.size plus storage.fsOverhead, set over clas
   assert.equal(overheadBytes("1Mi", 8), MiB);
   assert.equal(diskVolumeBytes("1Mi", "1"), 2 * MiB, "whole MiB, rounded up");
   assert.equal(diskVolumeBytes("1000000", "0"), MiB);
+});
+
+Deno.test("the class decides what its sets override: by default the host only (the seed's set per host)", () => {
+  const cls = seedClass();
+  const onSet = (parameters: Record<string, unknown>) => resolveParams(cls, withParams(seedSet(), parameters));
+  const ok = onSet({ host: { name: "lab-host-02.example.com" }, arch: "x86_64", runtime: { kvm: false } });
+  assert.ok(ok.ok, JSON.stringify(ok));
+  assert.equal(ok.params.host.name, "lab-host-02.example.com");
+  // restating the class's own value is no override
+  assert.ok(onSet({ ssh: { user: "root", port: 22 }, host: { user: "root" } }).ok);
+  // Why 4 of issue 18: the root runtime gets a host disk, another user, another port
+  const refused: [Record<string, unknown>, string, RegExp][] = [
+    [
+      { runtime: { devices: ["/dev/sda"] } },
+      "runtime.devices[0]",
+      /\/dev\/sda is not a device VirtualTargetClass qemu-ssh-aarch64 lets its sets pass .*spec\.setOverrides\.devices allows none/,
+    ],
+    [{ host: { user: "admin" } }, "host.user", /spec\.setOverrides\.user is false\); it logs in as root/],
+    [{ ssh: { user: "admin" } }, "ssh.user", /spec\.setOverrides\.user is false/],
+    [{ host: { port: 2222 } }, "host.port", /spec\.setOverrides\.port is false\); it uses port 22/],
+  ];
+  for (const [parameters, field, message] of refused) {
+    assertOneError(
+      errorsOf(cls, withParams(seedSet(), parameters)),
+      "ExporterSet",
+      `spec.parameters.${field}`,
+      message,
+    );
+  }
+  const pinned = allowing(cls, { host: false });
+  assertOneError(
+    errorsOf(pinned, withParams(seedSet(), { host: { name: "lab-host-02.example.com" } })),
+    "ExporterSet",
+    "spec.parameters.host.name",
+    /does not let its sets choose the host \(spec\.setOverrides\.host is false\); its host is lab-host-01/,
+  );
+});
+
+Deno.test("device allow-list: paths and globs within a segment; the class's own devices stay allowed", () => {
+  const cls = withParams(
+    allowing(seedClass(), { devices: ["/dev/ttyUSB*", "/dev/bus/usb/00?/*"] }),
+    { ...seedClass().spec.parameters, runtime: { devices: ["/dev/net/tun"] } },
+  );
+  const set = (devices: string[]) => withParams(seedSet(), { runtime: { devices } });
+  const ok = resolveParams(cls, set(["/dev/ttyUSB0:/dev/ttyS1", "/dev/bus/usb/001/002", "/dev/net/tun"]));
+  assert.ok(ok.ok, JSON.stringify(ok));
+  assert.deepEqual(ok.params.runtime.devices, ["/dev/ttyUSB0:/dev/ttyS1", "/dev/bus/usb/001/002", "/dev/net/tun"]);
+  for (const bad of ["/dev/ttyUSB0/x", "/dev/bus/usb/010/002", "/dev/ttyS0", "/dev/sda"]) {
+    assertOneError(
+      errorsOf(cls, set(["/dev/ttyUSB1", bad])),
+      "ExporterSet",
+      "spec.parameters.runtime.devices[1]",
+      /allows only \/dev\/ttyUSB\*, \/dev\/bus\/usb\/00\?\/\*/,
+    );
+  }
+  assertOneError(
+    errorsOf(allowing(seedClass(), { devices: ["/dev/../etc/*"] }), seedSet()),
+    "VirtualTargetClass",
+    "spec.setOverrides.devices[0]",
+    /not a device pattern/,
+  );
+});
+
+Deno.test("a set can only make host-key checking stricter", () => {
+  const strict = withParams(seedClass(), { ...seedClass().spec.parameters, ssh: { hostKeyPolicy: "Strict" } });
+  const loosen = withParams(seedSet(), { ssh: { hostKeyPolicy: "AcceptNew" } });
+  assertOneError(
+    errorsOf(strict, loosen),
+    "ExporterSet",
+    "spec.parameters.ssh.hostKeyPolicy",
+    /only make host-key checking stricter/,
+  );
+  // a class that says nothing leaves it to its Secret (known_hosts: Strict), which the set's AcceptNew cannot loosen
+  const silent = resolveParams(seedClass(), loosen);
+  assert.ok(silent.ok);
+  assert.equal(silent.params.hostKeyPolicy, undefined);
+  const tighten = resolveParams(seedClass(), withParams(seedSet(), { ssh: { hostKeyPolicy: "Strict" } }));
+  assert.ok(tighten.ok);
+  assert.equal(tighten.params.hostKeyPolicy, "Strict");
+  const tofu = withParams(seedClass(), { ...seedClass().spec.parameters, ssh: { hostKeyPolicy: "AcceptNew" } });
+  const r = resolveParams(tofu, loosen);
+  assert.ok(r.ok);
+  assert.equal(r.params.hostKeyPolicy, "AcceptNew");
 });

@@ -84,6 +84,12 @@ export function desiredCount(
   return { desired, wanted };
 }
 
+/** How many pending leases can still raise the set's count before maxReplicas caps it. */
+export function demandRoom(spec: ExporterSetSpec, leased: number): number {
+  const s = withDefaults(spec);
+  return s.maxReplicas === 0 ? Infinity : Math.max(0, s.maxReplicas - leased - s.minAvailableReplicas);
+}
+
 export function plan(input: PlanInput): Plan {
   const s = withDefaults(input.spec);
   const live = input.exporters.filter((e) => !e.deleting);

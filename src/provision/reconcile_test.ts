@@ -302,7 +302,8 @@ Deno.test("reconcile: a deleted Exporter's instance is removed before its finali
   assert.deepEqual(w.exporter(name)?.metadata.finalizers, [FINALIZER], "the finalizer stays while the host is down");
   assert.ok(w.hosts.instance(HOST, name));
   assert.equal(condition(w.set, "Degraded")?.reason, "TeardownFailed");
-  assert.equal(out.requeueAfterMs, 10_000, "a host that is down is retried soon");
+  // (sooner still while the other exporter, not yet reported Online, is in its window of close checks)
+  assert.ok(out.requeueAfterMs! <= 10_000, "a host that is down is retried soon");
   w.hosts.down.delete(HOST);
   await w.reconcile();
   assert.equal(w.hosts.instance(HOST, name), undefined);
@@ -394,6 +395,28 @@ Deno.test("reconcile: an exporter down without its lease ending is started with 
   exitAndReport();
   await w.reconcile();
   assert.equal(w.hosts.instance(HOST, name)!.exporter, "active", "started again once the back-off ended");
+});
+
+Deno.test("reconcile: an exporter that exits before it was ever Online is started again within seconds", async () => {
+  // Why 6 of issue 18: `jmp run` gave up on a controller that was not ready yet and exited 0; Jumpstarter never saw
+  // it online, so no report prompts a re-apply, and Restart=on-failure leaves it down
+  const w = new World();
+  const [a] = await w.deployed();
+  const name = a.metadata.name!;
+  const out = await w.reconcile();
+  assert.ok(out.requeueAfterMs! <= 5_000, `looked at again within seconds, not at the resync: ${out.requeueAfterMs}`);
+  w.advance(50_000);
+  w.hosts.exit(HOST, name);
+  await w.reconcile();
+  assert.equal(w.hosts.instance(HOST, name)!.exporter, "active", "started again at the next check");
+  assert.equal(w.hosts.instance(HOST, name)!.starts, 2);
+  assert.equal(w.ctx.exporterFailures.get(a.metadata.uid!)?.count, 1, "counted for the back-off");
+  // once Jumpstarter reports it Online, the resync is enough
+  for (const e of w.exporters()) {
+    w.patchExporterStatus(e.metadata.name!, { conditions: [{ type: "Online", status: "True" }] });
+  }
+  w.advance(5_000);
+  assert.equal((await w.reconcile()).requeueAfterMs, w.ctx.resyncMs);
 });
 
 Deno.test("reconcile: status counts ready, idle, leased and disabled exporters", async () => {
@@ -717,7 +740,7 @@ Deno.test("reconcile: instances it cannot see are counted as last seen, and the 
   assert.equal(condition(w.set, "Degraded")?.reason, "AuthenticationFailed");
 });
 
-Deno.test("reconcile: a pending lease matching two sets is demand of the oldest only", async () => {
+Deno.test("reconcile: a pending lease matching two sets with room is demand of the oldest only", async () => {
   const w = new World();
   const cls = w.ctx.caches.classes.get(NS, "qemu")!;
   w.kube.put(VIRTUAL_TARGET_CLASSES, { ...cls, spec: { ...cls.spec, bindingMode: "WaitForFirstConsumer" } });
@@ -734,6 +757,59 @@ Deno.test("reconcile: a pending lease matching two sets is demand of the oldest 
   const of = (set: string) => w.exporters().filter((e) => e.metadata.labels?.[SET_LABEL] === set).length;
   assert.equal(of(SET), 3, "the oldest matching set counts the lease");
   assert.equal(of("pool-b"), 2, "the other set does not count it again");
+});
+
+Deno.test("reconcile: pending demand spills over to the next matching set with room, one set per lease", async () => {
+  // the seed's multi-host recipe: one set per host, each at maxReplicas 1, two leases waiting
+  const w = new World({ minAvailableReplicas: 0, maxReplicas: 1 });
+  const cls = w.ctx.caches.classes.get(NS, "qemu")!;
+  w.kube.put(VIRTUAL_TARGET_CLASSES, { ...cls, spec: { ...cls.spec, bindingMode: "WaitForFirstConsumer" } });
+  w.advance(1_000);
+  w.kube.put<ExporterSet>(EXPORTER_SETS, { ...w.set, metadata: { name: "pool-b", namespace: NS, generation: 1 } });
+  for (const name of ["waiting-1", "waiting-2"]) {
+    w.kube.put<Lease>(JUMPSTARTER_LEASES, {
+      metadata: { name, namespace: NS },
+      spec: { selector: { matchLabels: { board: "qemu" } } },
+      status: { ended: false },
+    });
+    w.advance(1_000);
+  }
+  await reconcile(w.ctx, `${NS}/pool-b`);
+  await w.reconcile();
+  const of = (set: string) => w.exporters().filter((e) => e.metadata.labels?.[SET_LABEL] === set).length;
+  assert.deepEqual([of(SET), of("pool-b")], [1, 1], "each lease is served by one set");
+  // a third lease finds no room: it stays with the oldest set, whose status says it is capped
+  w.kube.put<Lease>(JUMPSTARTER_LEASES, {
+    metadata: { name: "waiting-3", namespace: NS },
+    spec: { selector: { matchLabels: { board: "qemu" } } },
+    status: { ended: false },
+  });
+  await reconcile(w.ctx, `${NS}/pool-b`);
+  await w.reconcile();
+  assert.deepEqual([of(SET), of("pool-b")], [1, 1]);
+  assert.equal(condition(w.set, "ScalingLimited")?.reason, "AtMaxReplicas");
+});
+
+Deno.test("reconcile: a set overriding what its class keeps deploys nothing and says which class rule", async () => {
+  const w = new World({ parameters: { runtime: { devices: ["/dev/sda"] } } });
+  await w.reconcile();
+  await w.reconcile();
+  assert.equal(w.hosts.calls.filter((c) => c.startsWith("apply")).length, 0, "nothing reaches the host");
+  const degraded = condition(w.set, "Degraded");
+  assert.equal(degraded?.reason, "InvalidParameters");
+  assert.match(
+    degraded?.message ?? "",
+    /ExporterSet pool: spec\.parameters\.runtime\.devices\[0\]: \/dev\/sda is not a device VirtualTargetClass qemu .*spec\.setOverrides\.devices/,
+  );
+  // the lab admin allows it on the class: deployed
+  const cls = w.ctx.caches.classes.get(NS, "qemu")!;
+  w.kube.put(VIRTUAL_TARGET_CLASSES, { ...cls, spec: { ...cls.spec, setOverrides: { devices: ["/dev/sd?"] } } });
+  await w.deployed();
+  assert.equal(condition(w.set, "Degraded")?.status, "False");
+  assert.deepEqual(
+    w.hosts.instance(HOST, w.exporters()[0].metadata.name!)?.rendered.name,
+    w.exporters()[0].metadata.name,
+  );
 });
 
 Deno.test("reconcile: status.selector selects only this set's Exporters", async () => {

@@ -10,11 +10,11 @@ import type { Outcome } from "../kube/queue.ts";
 import type { InstanceParams } from "../host/instance_params.ts";
 import type { LabTarget } from "./credentials.ts";
 import type { AppliedState, Context } from "./context.ts";
-import { deployAll, type Deployed, ROLL_NEXT_MS } from "./deploy.ts";
-import { isLeased, leaseState, pendingDemand } from "./leases.ts";
-import { routedSetName, SET_LABEL, templateMarks, wasDeployed } from "./marks.ts";
+import { deployAll, type Deployed, fastCheckInMs, ROLL_NEXT_MS } from "./deploy.ts";
+import { type DemandTaker, isLeased, leaseState, onlineReport, pendingDemand } from "./leases.ts";
+import { ownerSetName, routedSetName, SET_LABEL, setOwner, templateMarks, wasDeployed } from "./marks.ts";
 import { fieldErrorLine } from "./params.ts";
-import { type ExporterView, plan, selectorString, withDefaults } from "./plan.ts";
+import { demandRoom, type ExporterView, plan, selectorString, withDefaults } from "./plan.ts";
 import { retryAfterMs } from "./problems.ts";
 import { computeStatus, type ExporterState, type Problem, type StatusInput } from "./status.ts";
 import { cachedSetTarget } from "./targets.ts";
@@ -80,11 +80,12 @@ export async function reconcile(ctx: Context, key: string): Promise<Outcome> {
   // 3. Plan and act.
   const views = exporterViews(ctx, ns, live);
   const pending = pendingCreates(ctx, set, live);
+  const waitForFirstConsumer = cls.spec.bindingMode === "WaitForFirstConsumer";
   const p = plan({
     spec: set.spec,
     exporters: [...views, ...pending.map(pendingView)],
-    pendingDemand: pendingDemand(set, ctx.caches.sets.list(ns), ctx.caches.leases.list(ns)),
-    waitForFirstConsumer: cls.spec.bindingMode === "WaitForFirstConsumer",
+    pendingDemand: waitForFirstConsumer ? pendingDemand(set, demandTakers(ctx, ns), ctx.caches.leases.list(ns)) : 0,
+    waitForFirstConsumer,
     surplusSince: old?.surplusSince,
     now: ctx.now(),
   });
@@ -125,6 +126,7 @@ export async function reconcile(ctx: Context, key: string): Promise<Outcome> {
       orphanOutcome.requeueAfterMs ?? Infinity,
       teardown.requeueAfterMs ?? Infinity,
       backoffEndsInMs(ctx, live, states),
+      fastCheckInMs(ctx, live),
       outdated.some((o) => !o.lease) ? ROLL_NEXT_MS : Infinity,
     ),
   };
@@ -183,6 +185,24 @@ function configuration(
   return { params: resolved.params, target: resolved.target, problems: [] };
 }
 
+/**
+ * The sets of the namespace that count pending leases as demand (ours, WaitForFirstConsumer, not being deleted), each
+ * with its room: one pass over the Exporters, as every set's reconcile needs the whole namespace's view.
+ */
+function demandTakers(ctx: Context, ns: string): DemandTaker[] {
+  const leases = ctx.caches.leases.list(ns);
+  const leased = new Map<string, number>();
+  for (const e of ctx.caches.exporters.list(ns)) {
+    const owner = setOwner(e)?.uid;
+    if (owner && !e.metadata.deletionTimestamp && isLeased(e, leases)) leased.set(owner, (leased.get(owner) ?? 0) + 1);
+  }
+  return ctx.caches.sets.list(ns).filter((s) => {
+    const cls = ctx.caches.classes.get(ns, s.spec.virtualTargetClassName);
+    return !s.metadata.deletionTimestamp && cls?.spec.provisioner === ctx.provisioner &&
+      cls.spec.bindingMode === "WaitForFirstConsumer";
+  }).map((s) => ({ set: s, room: demandRoom(s.spec, leased.get(s.metadata.uid!) ?? 0) }));
+}
+
 function exporterViews(ctx: Context, ns: string, live: Exporter[]): ExporterView[] {
   const leases = ctx.caches.leases.list(ns);
   return live.map((e) => ({
@@ -204,12 +224,6 @@ const pendingView = (name: string): ExporterView => ({
   leaseEnded: false,
   createdAt: "",
 });
-
-/** Jumpstarter's view: true = online, false = reported offline, undefined = not reported yet. */
-function onlineReport(e: Exporter): boolean | undefined {
-  const online = e.status?.conditions?.find((c) => c.type === "Online");
-  return online ? online.status === "True" : undefined;
-}
 
 /**
  * The state of an instance as this reconcile found it; when it could not even try (the parameters or credentials are

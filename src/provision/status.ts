@@ -52,7 +52,9 @@ export interface StatusInput {
 
 export function computeStatus(i: StatusInput): ExporterSetStatus {
   const ex = i.exporters;
-  const ready = ex.filter((e) => e.ready);
+  // ready means it can take a lease: units up, and not reported offline by Jumpstarter, whose word wins where it
+  // has one (an exporter that gave up on its controller keeps its units up until it exits)
+  const ready = ex.filter((e) => e.ready && e.online !== false);
   const leased = ex.filter((e) => e.leased);
   const available = ready.filter((e) => e.enabled && !e.leased);
   const offline = ex.filter((e) => e.online === false || (!e.ready && !i.waitingForCredentials.includes(e.name)));
@@ -108,6 +110,15 @@ export function computeStatus(i: StatusInput): ExporterSetStatus {
       true,
       "NoReplicasRequired",
       "no exporters are required (minReplicas and minAvailableReplicas are 0)",
+    );
+  } else if (desired > 0 && ready.length === 0 && ex.length > 0) {
+    // minimums of 0 are met by nothing, but a set that runs exporters none of which can take a lease is not available
+    c(
+      "Available",
+      false,
+      "MinimumReplicasUnavailable",
+      `none of ${ex.length} exporters can take a lease` +
+        (offline.length ? ` (offline: ${offline.map((e) => e.name).join(", ")})` : ""),
     );
   } else if (available.length >= i.minAvailableReplicas && ready.length >= i.minReplicas) {
     c("Available", true, "MinimumReplicasAvailable", `${available.length} idle of ${ready.length} ready exporters`);

@@ -74,3 +74,34 @@ Deno.test("status: lastTransitionTime moves only when the status flips", () => {
   assert.equal(cond(flipped, "Available").lastTransitionTime, t1.toISOString());
   assert.ok(statusChanged(first, flipped));
 });
+
+Deno.test("status: an exporter Jumpstarter reports offline is not ready, whatever its units say", () => {
+  // Why 6 of issue 18: the units were up, the exporter had given up, and the set said READY 1 and Available=True
+  const s = computeStatus({
+    ...base,
+    exporters: [{ name: "e1", enabled: true, leased: false, ready: true, online: false }],
+  });
+  assert.deepEqual([s.readyReplicas, s.availableReplicas, s.unavailableReplicas], [0, 0, 1]);
+  assert.equal(cond(s, "Available").status, "False");
+  assert.equal(cond(s, "Degraded").reason, "ExportersOffline");
+  assert.equal(cond(s, "Progressing").reason, "ReplicasNotReady");
+  // where Jumpstarter reports it online, or does not report yet, the units decide
+  const online = computeStatus({
+    ...base,
+    exporters: [{ name: "e1", enabled: true, leased: false, ready: true, online: true }],
+  });
+  assert.equal(online.readyReplicas, 1);
+  const unreported = computeStatus({ ...base, exporters: [{ name: "e1", enabled: true, leased: false, ready: true }] });
+  assert.equal(unreported.readyReplicas, 1);
+});
+
+Deno.test("status: with minimums of 0, a set whose exporters all are offline is not Available", () => {
+  const s = computeStatus({
+    ...base,
+    minAvailableReplicas: 0,
+    exporters: [{ name: "e1", enabled: true, leased: false, ready: true, online: false }],
+  });
+  assert.equal(cond(s, "Available").status, "False");
+  assert.match(cond(s, "Available").message!, /none of 1 exporters can take a lease \(offline: e1\)/);
+  assert.equal(cond(s, "Degraded").reason, "ExportersOffline");
+});

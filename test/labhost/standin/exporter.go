@@ -146,7 +146,27 @@ func (r *reporter) current(gen int) bool {
 	return gen == r.gen
 }
 
+// unreadyController marks an endpoint whose controller is not ready yet: the stand-in then does what `jmp run` does
+// there, 5 failed connections within 60 s and a clean exit ("allow container/service restart"), so a test can show
+// what a Restart=on-failure unit is left with.
+const unreadyController = ".unready.invalid"
+
 func (r *reporter) check(ctx context.Context, gen int, cfg *exporterConfig, path string) {
+	if host, _, err := net.SplitHostPort(cfg.Endpoint); err == nil && strings.HasSuffix(host, unreadyController) {
+		for i := 1; i <= 5; i++ {
+			logf("standin-exporter: cannot reach the controller at %s (%d/5)", cfg.Endpoint, i)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Second):
+			}
+		}
+		if r.current(gen) {
+			logf("standin-exporter: 5 failures, exiting with status 0 as jmp run does")
+			os.Exit(0)
+		}
+		return
+	}
 	sock := launcherSocket(cfg)
 	target := tcpTarget(cfg)
 	logf("standin-exporter: config=%s apiVersion=%s kind=%s drivers=%s launcher_socket=%s tcp=%s tls.insecure=%t",
