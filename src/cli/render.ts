@@ -11,10 +11,13 @@ import { type ExporterSet, PROVISIONER, type VirtualTargetClass } from "../api/t
 import { fieldErrorLine, resolveParams } from "../provision/params.ts";
 import { targetString } from "../provision/targets.ts";
 import { instanceOf, type RenderedInstance, renderInstance } from "../host/render.ts";
+import { type HostFacts, parseFacts } from "../host/host_facts.ts";
 
 export const RENDER_USAGE =
-  `usage: qemu-ssh-provisioner render --class CLASS.yaml --set SET.yaml [--exporter NAME] [--endpoint E] [-o FORMAT]
-       qemu-ssh-provisioner render -f MANIFESTS.yaml [-f ...] [--exporter NAME] [--endpoint E] [-o FORMAT]
+  `usage: qemu-ssh-provisioner render --class CLASS.yaml --set SET.yaml [--exporter NAME] [--endpoint E]
+                                   [--host-facts FACTS] [-o FORMAT]
+       qemu-ssh-provisioner render -f MANIFESTS.yaml [-f ...] [--exporter NAME] [--endpoint E] [--host-facts FACTS]
+                                   [-o FORMAT]
 
 Prints, for each ExporterSet in the files, what run would write on its lab host: the ExporterConfig and the two
 quadlets with their paths, the volume and the units. Offline: nothing is read from a cluster or a host. The set's
@@ -24,6 +27,9 @@ VirtualTargetClass (spec.virtualTargetClassName, same namespace) must be in the 
                                       - reads them from stdin
   --exporter NAME                     the Exporter's name (default SET-xxxxx); only with a single ExporterSet
   --endpoint HOST:PORT                the Jumpstarter endpoint for the ExporterConfig (default <endpoint>)
+  --host-facts FACTS                  the lab host's facts the files are for, as the apply prints them
+                                      ("podman=5.4.2 kvm=660:993": Podman version, /dev/kvm mode and gid, or
+                                      kvm=none); default: none known, as for a host run has not reached yet
   -o, --output text|yaml|json         text (default): a header and each file under a ==> PATH <== line;
                                       yaml, json: a list with one entry per ExporterSet (exporterSet, class,
                                       exporter, host, volume, units, files with path, mode, owner, links, content)
@@ -82,6 +88,7 @@ export interface RenderFlags {
   files: string[];
   exporter?: string;
   endpoint?: string;
+  hostFacts?: HostFacts;
   output: RenderFormat;
 }
 
@@ -96,6 +103,7 @@ export function parseRenderFlags(args: string[]): RenderFlags {
       file: { type: "string", short: "f", multiple: true, default: [] },
       exporter: { type: "string" },
       endpoint: { type: "string" },
+      "host-facts": { type: "string" },
       output: { type: "string", short: "o", default: "text" },
     },
   });
@@ -107,7 +115,14 @@ export function parseRenderFlags(args: string[]): RenderFlags {
   if (!RENDER_FORMATS.includes(output)) {
     throw new Error(`-o/--output must be ${RENDER_FORMATS.join(", ")}, got "${values.output}"`);
   }
-  return { files, exporter: values.exporter, endpoint: values.endpoint, output };
+  const facts = values["host-facts"];
+  const hostFacts = facts === undefined ? undefined : parseFacts(facts);
+  if (facts !== undefined && !hostFacts) {
+    throw new Error(
+      `--host-facts must look like "podman=5.4.2 kvm=660:993" or "podman=5.4.2 kvm=none", got "${facts}"`,
+    );
+  }
+  return { files, exporter: values.exporter, endpoint: values.endpoint, hostFacts, output };
 }
 
 export async function renderCommand(args: string[], io: Io = consoleIo): Promise<number> {
@@ -181,7 +196,7 @@ export type RenderResult =
 /** Renders every ExporterSet in the manifests with its class, as `run` would deploy a new Exporter of it. Pure. */
 export function renderManifests(
   manifests: Manifest[],
-  opts: { exporter?: string; endpoint?: string } = {},
+  opts: { exporter?: string; endpoint?: string; hostFacts?: HostFacts } = {},
 ): RenderResult {
   const errors: string[] = [];
   const warnings: string[] = [];
@@ -257,6 +272,7 @@ export function renderManifests(
           token: REDACTED,
           caBundle: "",
         }),
+        opts.hostFacts,
       );
       const { host } = resolved.params;
       out.push({

@@ -245,3 +245,15 @@ Deno.test("render: the seed's :latest images are pulled when newer (no policy st
   assert.match(runtime, /^Pull=newer$/m, "the runtime image states nothing");
   assert.match(runtime, /^ExecStartPre=podman run .* --pull missing /m, "staging follows the exporter's policy");
 });
+
+Deno.test("render --host-facts: the files for a host with those facts; bad facts are a usage error", async () => {
+  const exporterQuadlet = (out: string) => [...files(out)].find(([p]) => p.endsWith("-exporter.container"))![1].content;
+  const debian = await render(["--class", CLASS, "--set", SET, "--host-facts", "podman=5.4.2 kvm=660:993"]);
+  assert.equal(debian.code, 0, debian.err);
+  assert.match(exporterQuadlet(debian.out), /^PodmanArgs=--group-add 993$/m, "the seed's class asks for KVM");
+  const unknown = await render(["--class", CLASS, "--set", SET]);
+  assert.doesNotMatch(exporterQuadlet(unknown.out), /group-add/, "no facts: as for a host not reached yet");
+  const bad = await render(["--class", CLASS, "--set", SET, "--host-facts", "kvm=yes"]);
+  assert.equal(bad.code, 2);
+  assert.match(bad.err, /--host-facts must look like "podman=5\.4\.2 kvm=660:993"/);
+});

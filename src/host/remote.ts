@@ -323,7 +323,7 @@ refuse_if_errors
 # files made for another host's facts (another podman, another kvm group) are never written: the controller renders
 # them again for these and applies at once
 if [ "$facts" != ${q(factsWire(r.facts))} ]; then
-  err "facts-changed this host is $facts; the files were rendered for ${factsWire(r.facts)}"
+  err "facts-changed this host is $facts; the files were rendered for "${q(factsWire(r.facts))}
 fi
 refuse_if_errors
 
