@@ -13,10 +13,9 @@ build() {
     [ -x "$C/usr/bin/promtool" ] && return 0
     local tmp
     tmp=$(mktemp -d)
-    chmod 755 "$tmp" # apt fetches as its own user
     # apt-get download needs package lists; a fresh machine may have none yet
-    (cd "$tmp" && apt-get download -q prometheus >&2) ||
-        { apt-get update -q >&2 && (cd "$tmp" && apt-get download -q prometheus >&2); }
+    (cd "$tmp" && apt-get download -q -o APT::Sandbox::User=root prometheus >&2) ||
+        { apt-get update -q >&2 && (cd "$tmp" && apt-get download -q -o APT::Sandbox::User=root prometheus >&2); }
     rm -rf "$C/usr"
     dpkg-deb -x "$tmp"/prometheus_*.deb "$C"
     rm -rf "$tmp"
