@@ -3,7 +3,9 @@
  *
  * A launcher. The process starts with broad permissions (scripts/permissions.sh) because what it must reach is
  * known only from the deployment's flags and environment: the API server, the lab hosts, the listeners. It decides
- * that set (src/cli/permissions.ts) and runs the command in a Worker narrowed to it; no npm code is loaded out here.
+ * that set (src/cli/permissions.ts) and runs the command in a Worker narrowed to it. Out here the only npm code is
+ * npm:yaml, which reads the kubeconfig (src/kube/kubeconfig_needs.ts) to learn the hosts and files it names; it does
+ * no I/O of its own. ssh2 and the controller load in the Worker only.
  * This module is its own Worker, so the air-gapped bundle and the compiled binary stay one file.
  */
 import { commandPermissions, type Facts } from "./src/cli/permissions.ts";

@@ -95,6 +95,10 @@ export class ControllerProcess {
     return metricsFrom(this.port);
   }
 
+  metricsText(): Promise<string> {
+    return metricsTextFrom(this.port);
+  }
+
   proc(): Promise<ProcSample> {
     return procOf(this.pid);
   }
@@ -130,9 +134,14 @@ export async function getFrom(port: number, path: string): Promise<Response> {
 
 /** A controller's /metrics, parsed. */
 export async function metricsFrom(port: number): Promise<Sample[]> {
+  return parseProm(await metricsTextFrom(port));
+}
+
+/** A controller's /metrics as it serves it (with the HELP and TYPE lines). */
+export async function metricsTextFrom(port: number): Promise<string> {
   const res = await fetch(`http://127.0.0.1:${port}/metrics`);
   if (!res.ok) throw new Error(`controller /metrics: ${res.status}`);
-  return parseProm(await res.text());
+  return await res.text();
 }
 
 /** CPU and memory of a process, from /proc. */

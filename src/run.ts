@@ -107,6 +107,13 @@ export async function runController(o: RunOptions): Promise<number> {
 
   // A standby replica is ready (it is healthy, just waiting); the leader once its caches are synced.
   let leading = !o.leaderElect;
+  // as client-go names it, so the usual "no leader" alert fits: a standby says 0, a process without election 1
+  const leaseName = `exporterset-${o.provisioner.replaceAll(".", "-")}`;
+  metrics.gauge(
+    "leader_election_master_status",
+    "1 while this process leads (or runs without leader election), else 0.",
+    () => [[{ name: leaseName }, leading ? 1 : 0]],
+  );
   const servers: HealthServer[] = [];
   const health = parseBindAddress(o.healthAddress);
   if (health) servers.push(serveHealth(health, { ready: () => !leading || controller.ready, metrics }));
@@ -118,7 +125,7 @@ export async function runController(o: RunOptions): Promise<number> {
     if (!o.namespace) throw new Error("--leader-elect needs a namespace for its Lease: set NAMESPACE or --namespace");
     leadership = await acquireLeadership(client, {
       namespace: o.namespace,
-      name: `exporterset-${o.provisioner.replaceAll(".", "-")}`,
+      name: leaseName,
       identity: `${Deno.hostname()}_${crypto.randomUUID().slice(0, 8)}`,
       log,
     }, shutdown.signal);

@@ -88,6 +88,7 @@ export class LabHosts implements HostOps {
         signal: this.opts.fence,
       });
     } catch (e) {
+      this.opts.metrics?.sshCommandErrors.inc({ host: target.host, kind: e instanceof SshError ? e.kind : "other" });
       // Deno's own words ("Requires net access to ...") do not say which setting grants it. The pool may throw
       // one error object again while it backs off: it is reworded once.
       const refused = e instanceof SshError && /^ssh .*Requires net access/.test(e.message);

@@ -1,6 +1,8 @@
 /** Prometheus metrics in text exposition format, without a client library (a few counters and histograms). */
 
 type Labels = Record<string, string>;
+/** One series of a value read at scrape time: its labels and value. */
+export type Sample = [Labels, number];
 
 const labelKey = (l: Labels) =>
   Object.entries(l).sort(([a], [b]) => a.localeCompare(b)).map(([k, v]) => `${k}="${escape(v)}"`).join(",");
@@ -37,7 +39,7 @@ export class Gauge extends Metric {
   constructor(
     name: string,
     help: string,
-    private readonly collect: () => [Labels, number][],
+    private readonly collect: () => Sample[],
     type: "gauge" | "counter" = "gauge",
   ) {
     super(name, help, type);
@@ -83,11 +85,16 @@ export class Metrics {
   readonly reconcileSeconds = new Histogram("controller_runtime_reconcile_time_seconds", "Reconcile duration.");
   readonly sshCommandSeconds = new Histogram("qemu_ssh_command_seconds", "SSH command round trips per host.");
   readonly sshConnections = new Counter("qemu_ssh_connections_opened_total", "SSH connections opened per host.");
+  /** By SshError kind (connect, timeout, auth, hostkey, key, closed), or "other": what an alert on a host reads. */
+  readonly sshCommandErrors = new Counter(
+    "qemu_ssh_command_errors_total",
+    "SSH commands that did not complete, per host and kind of failure.",
+  );
   readonly deploySeconds = new Histogram("qemu_ssh_deploy_seconds", "Time to apply one instance on its host.");
   private readonly extra: Metric[] = [];
 
   /** Adds a value read at scrape time (queue depth; a counter kept elsewhere, with type "counter"). */
-  gauge(name: string, help: string, collect: () => [Labels, number][], type: "gauge" | "counter" = "gauge"): void {
+  gauge(name: string, help: string, collect: () => Sample[], type: "gauge" | "counter" = "gauge"): void {
     this.extra.push(new Gauge(name, help, collect, type));
   }
 
@@ -98,6 +105,7 @@ export class Metrics {
       this.reconcileSeconds,
       this.sshCommandSeconds,
       this.sshConnections,
+      this.sshCommandErrors,
       this.deploySeconds,
       ...this.extra,
     ];

@@ -9,7 +9,7 @@ import { fencedApi } from "../kube/leader.ts";
 import { WorkQueue } from "../kube/queue.ts";
 import { EventRecorder } from "../kube/events.ts";
 import type { Logger } from "../observe/log.ts";
-import { Metrics } from "../observe/metrics.ts";
+import { Metrics, type Sample } from "../observe/metrics.ts";
 import type { HostOps } from "../host/lab.ts";
 import { controllerIdentity } from "../host/render.ts";
 import { PINNED_HOST_KEYS_SECRET } from "./credentials.ts";
@@ -117,6 +117,31 @@ export class Controller {
         return [{ host, state }, n];
       });
     });
+    // Per set, from the status this process last wrote: what the Degraded and ExporterFailing alerts read.
+    this.metrics.gauge(
+      "qemu_ssh_exporterset_condition",
+      "1 for each condition type and status of an ExporterSet, as last written by this controller.",
+      () =>
+        [...this.ctx.statuses].flatMap(([key, { status }]) => {
+          const [namespace, exporterset] = key.split("/");
+          return (status.conditions ?? []).map((c): Sample => [
+            { namespace, exporterset, type: c.type, status: c.status, reason: c.reason ?? "" },
+            1,
+          ]);
+        }),
+    );
+    this.metrics.gauge(
+      "qemu_ssh_exporterset_replicas",
+      "An ExporterSet's replica counts (replicas, ready), as last written by this controller.",
+      () =>
+        [...this.ctx.statuses].flatMap(([key, { status }]) => {
+          const [namespace, exporterset] = key.split("/");
+          return [
+            [{ namespace, exporterset, kind: "replicas" }, status.replicas ?? 0],
+            [{ namespace, exporterset, kind: "ready" }, status.readyReplicas ?? 0],
+          ] satisfies Sample[];
+        }),
+    );
     this.route();
   }
 

@@ -127,12 +127,9 @@ export async function stopLabHosts(net: LabNet): Promise<void> {
   if (failed.length > 0) throw new Error(`labhost.sh destroy failed:\n${failed.join("\n")}`);
 }
 
-/**
- * Runs a shell command on a lab host with the system ssh client and strict host key checking. For test assertions
- * only: the product connects with its own SSH code.
- */
-export async function hostExec(host: LabHost, command: string): Promise<ExecResult> {
-  return await run("ssh", [
+/** The system ssh client's arguments for a lab host, strict host key checking included, before the command. */
+export function sshArgs(host: LabHost): string[] {
+  return [
     "-F",
     "/dev/null",
     "-i",
@@ -152,6 +149,13 @@ export async function hostExec(host: LabHost, command: string): Promise<ExecResu
     "-o",
     "GlobalKnownHostsFile=/dev/null",
     `${host.user}@${host.address}`,
-    command,
-  ]);
+  ];
+}
+
+/**
+ * Runs a shell command on a lab host with the system ssh client and strict host key checking. For test assertions
+ * only: the product connects with its own SSH code.
+ */
+export async function hostExec(host: LabHost, command: string): Promise<ExecResult> {
+  return await run("ssh", [...sshArgs(host), command]);
 }
