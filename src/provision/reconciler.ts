@@ -12,7 +12,7 @@ import type { LabTarget } from "./credentials.ts";
 import type { AppliedState, Context } from "./context.ts";
 import { deployAll, type Deployed, fastCheckInMs, ROLL_NEXT_MS } from "./deploy.ts";
 import { type DemandTaker, isLeased, leaseState, onlineReport, pendingDemand } from "./leases.ts";
-import { ownerSetName, routedSetName, SET_LABEL, setOwner, templateMarks, wasDeployed } from "./marks.ts";
+import { routedSetName, SET_LABEL, setOwner, templateMarks, wasDeployed } from "./marks.ts";
 import { fieldErrorLine } from "./params.ts";
 import { demandRoom, type ExporterView, plan, selectorString, withDefaults } from "./plan.ts";
 import { retryAfterMs } from "./problems.ts";
