@@ -6,6 +6,7 @@
 import { parseArgs } from "node:util";
 import { PROVISIONER } from "../api/types.ts";
 import { crdFiles } from "../api/crds.ts";
+import { DEFAULT_BURST, DEFAULT_QPS } from "../kube/flowcontrol.ts";
 import { DEFAULT_LAB_HOSTS, LAB_HOSTS_ENV, parseHostAliases, parseLabHosts } from "../host/lab_hosts.ts";
 
 export const VERSION = "0.1.0";
@@ -34,6 +35,9 @@ run flags:
   --sweep-interval SECONDS            look for orphaned instances on the lab hosts this often (default 300)
   --max-concurrent-reconciles N       ExporterSets reconciled at once (default 32); one set is never
                                       reconciled twice at once
+  --kube-api-qps N                    requests a second to the API server, sustained (default ${DEFAULT_QPS}; 0 = no
+                                      limit); 429 and 5xx answers are retried, honouring Retry-After
+  --kube-api-burst N                  requests above that rate allowed at once (default ${DEFAULT_BURST})
   --lab-hosts LIST                    the lab hosts the controller may connect to, comma-separated host names,
                                       addresses and CIDRs, each with an optional :PORT (default: $${LAB_HOSTS_ENV},
                                       else ${DEFAULT_LAB_HOSTS}); nothing else is reachable
@@ -101,6 +105,8 @@ export function parseRunFlags(args: string[]) {
       resync: { type: "string", default: "300" },
       "sweep-interval": { type: "string", default: "300" },
       "max-concurrent-reconciles": { type: "string" },
+      "kube-api-qps": { type: "string", default: String(DEFAULT_QPS) },
+      "kube-api-burst": { type: "string", default: String(DEFAULT_BURST) },
       "lab-hosts": { type: "string" },
       "host-alias": { type: "string", multiple: true, default: [] },
     },
@@ -123,6 +129,10 @@ export function parseRunFlags(args: string[]) {
   if (concurrency !== undefined && (!Number.isInteger(concurrency) || concurrency < 1)) {
     throw new UsageError("--max-concurrent-reconciles must be a whole number >= 1");
   }
+  const qps = Number(values["kube-api-qps"]);
+  if (!Number.isFinite(qps) || qps < 0) throw new UsageError("--kube-api-qps must be a number >= 0");
+  const burst = Number(values["kube-api-burst"]);
+  if (!Number.isInteger(burst) || burst < 1) throw new UsageError("--kube-api-burst must be a whole number >= 1");
   const labHosts = values["lab-hosts"] ?? (Deno.env.get(LAB_HOSTS_ENV) || DEFAULT_LAB_HOSTS);
   let hostAliases: Record<string, string>;
   try {
@@ -145,6 +155,7 @@ export function parseRunFlags(args: string[]) {
     resyncMs: resync * 1000,
     sweepMs: sweep * 1000,
     concurrency,
+    kubeApi: { qps, burst },
     warnings: ignored.map((f) => `--${f} is accepted for kubebuilder compatibility and has no effect here`),
   };
 }
