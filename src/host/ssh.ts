@@ -29,6 +29,11 @@ export interface SshTarget {
   /** known_hosts text; may be empty under AcceptNew. */
   knownHosts: string;
   hostKeyPolicy: HostKeyPolicy;
+  /**
+   * Where this caller's pins are recorded (the namespace of its pin Secret): a connection reused by another scope
+   * calls onHostKeyAccepted for that scope too, once.
+   */
+  pinScope?: string;
 }
 
 export interface ExecResult {
@@ -44,11 +49,12 @@ export interface ExecResult {
  * - hostkey: the host key is unknown (Strict), changed, or revoked. Fix known_hosts; retrying does not help.
  * - auth: the server refused the client key.
  * - connect: TCP/handshake failure or handshake timeout; host unreachable or sshd down.
- * - timeout: a command exceeded its time limit (the connection itself may be fine).
+ * - timeout: a command exceeded its time limit, waiting for a channel included (the connection itself may be fine).
+ * - output: a command printed more than maxOutputBytes on stdout or stderr, and was killed.
  * - key: the private key is unusable (checked before connecting).
  * - closed: the pool was closed, or the connection dropped while the command ran (it may or may not have run).
  */
-export type SshErrorKind = "hostkey" | "auth" | "connect" | "timeout" | "key" | "closed";
+export type SshErrorKind = "hostkey" | "auth" | "connect" | "timeout" | "output" | "key" | "closed";
 
 export class SshError extends Error {
   override name = "SshError";
@@ -75,8 +81,13 @@ export class SshError extends Error {
 export interface SshPoolOptions {
   /** Concurrent channels per connection; default 6, below OpenSSH's MaxSessions=10 so sshd never refuses one. */
   maxChannels?: number;
-  /** Default per-command limit, default 120000. */
+  /** Default per-command limit, default 120000; it covers the wait for a free channel on the connection too. */
   commandTimeoutMs?: number;
+  /**
+   * Bytes a command may print on stdout, and again on stderr, default 4 MiB (16 times the largest report seen). A
+   * compromised host or a runaway journal would otherwise fill the heap and take every other host down with it.
+   */
+  maxOutputBytes?: number;
   /** TCP connect + SSH handshake + authentication, default 20000. */
   connectTimeoutMs?: number;
   /** SSH-level keepalive interval, default 15000 (0 disables). */
@@ -115,6 +126,11 @@ interface Conn {
   hostKey: Buffer;
   sem: Semaphore;
   alive: boolean;
+  /**
+   * Pins made on reuse, by the caller's known_hosts and policy: a connection opened for one namespace and reused for
+   * another must still pin the key for the second (each namespace has its own pin Secret), once, not per command.
+   */
+  pins: Map<string, Promise<void>>;
 }
 
 interface Failure {
@@ -142,6 +158,7 @@ const CLOSE_GRACE_MS = 5_000;
 const DEFAULTS = {
   maxChannels: 6,
   commandTimeoutMs: 120_000,
+  maxOutputBytes: 4 * 1024 * 1024,
   connectTimeoutMs: 20_000,
   keepaliveIntervalMs: 15_000,
   keepaliveCountMax: 3,
@@ -181,6 +198,8 @@ export class SshPool {
   ): Promise<ExecResult> {
     validateTarget(target);
     const timeoutMs = opts.timeoutMs ?? this.#opts.commandTimeoutMs;
+    // One deadline for waiting on a channel slot and running: a wedged host must not park callers without bound.
+    const deadline = performance.now() + timeoutMs;
     // Retries only happen when the channel was never opened: a command that may have run is never repeated.
     let reconnects = 0;
     let refusals = 0;
@@ -188,7 +207,15 @@ export class SshPool {
       this.#throwIfClosed(target);
       if (opts.signal?.aborted) throw abortedError(target, opts.signal);
       const conn = await this.#connection(target);
-      await conn.sem.acquire();
+      if (!(await conn.sem.acquire(deadline - performance.now(), opts.signal))) {
+        if (opts.signal?.aborted) throw abortedError(target, opts.signal);
+        throw new SshError(
+          "timeout",
+          target,
+          `ssh ${conn.label}: no free channel within ${timeoutMs}ms: all ${this.#opts.maxChannels} are busy with ` +
+            `commands that have not finished (is the host's systemd or podman hanging?); the command was not run`,
+        );
+      }
       if (opts.signal?.aborted) {
         conn.sem.release();
         throw abortedError(target, opts.signal);
@@ -199,7 +226,8 @@ export class SshPool {
         throw closedError(target, "connection dropped before the command could start");
       }
       try {
-        return await this.#run(conn, target, command, opts.stdin, timeoutMs, opts.signal);
+        const left = Math.max(0, Math.round(deadline - performance.now()));
+        return await this.#run(conn, target, command, opts.stdin, left, timeoutMs, opts.signal);
       } catch (e) {
         if (e instanceof NotStarted) {
           if (reconnects++ === 0) continue;
@@ -281,7 +309,7 @@ export class SshPool {
     const poolKey = `${target.user}@${hostPort(target)}/${target.address ?? ""}#${key.fingerprint}`;
     const existing = this.#conns.get(poolKey);
     if (existing?.alive) {
-      this.#recheckHostKey(existing, target);
+      await this.#recheckHostKey(existing, target);
       return existing;
     }
     let pending = this.#connecting.get(poolKey);
@@ -316,13 +344,24 @@ export class SshPool {
     }
     const conn = await pending;
     // A concurrent caller may have different known_hosts than the one whose connect we shared.
-    this.#recheckHostKey(conn, target);
+    await this.#recheckHostKey(conn, target);
     return conn;
   }
 
-  #recheckHostKey(conn: Conn, target: SshTarget): void {
+  async #recheckHostKey(conn: Conn, target: SshTarget): Promise<void> {
     const verdict = checkHostKey(target.knownHosts, target.host, target.port, conn.hostKey);
-    if (verdict.status === "match" || (verdict.status === "unknown" && target.hostKeyPolicy === "AcceptNew")) return;
+    if (verdict.status === "match") return;
+    if (verdict.status === "unknown" && target.hostKeyPolicy === "AcceptNew") {
+      // First use for this caller (another namespace, or a pin not yet in its cache): pin as a new connection would.
+      const key = `${target.pinScope ?? ""}\0${hashConfig(target)}`;
+      let pin = conn.pins.get(key);
+      if (!pin) {
+        pin = this.#pin(target, conn.hostKey, verdict.fingerprint);
+        conn.pins.set(key, pin);
+        pin.catch(() => conn.pins.delete(key));
+      }
+      return await pin;
+    }
     // known_hosts now says this key is wrong (revoked or replaced in the Secret): nobody should keep using it. A mere
     // "unknown" only concerns this caller, and every exec is checked against its own known_hosts anyway.
     if (verdict.status !== "unknown") this.#drop(conn);
@@ -367,20 +406,10 @@ export class SshPool {
           verify(false);
           return;
         }
-        const line = knownHostsLine(target.host, target.port, presented);
-        Promise.resolve()
-          .then(() => this.#opts.onHostKeyAccepted?.(target, line, verdict.fingerprint))
-          .then(() => verify(true), (e: unknown) => {
-            // The recorder may know better than our known_hosts (a key pinned meanwhile): its refusal stands as it is.
-            hostKeyFailure = e instanceof SshError && e.kind === "hostkey" ? e : new SshError(
-              "hostkey",
-              target,
-              `ssh ${hostPort(target)}: new host key ${verdict.fingerprint} was not trusted because recording it ` +
-                `failed: ${errorMessage(e)}`,
-              { cause: e },
-            );
-            verify(false);
-          });
+        this.#pin(target, presented, verdict.fingerprint).then(() => verify(true), (e: SshError) => {
+          hostKeyFailure = e;
+          verify(false);
+        });
       },
     };
 
@@ -408,6 +437,7 @@ export class SshPool {
           hostKey: presented!,
           sem: new Semaphore(this.#opts.maxChannels),
           alive: true,
+          pins: new Map(),
         };
         this.#stats.connectionsOpened++;
         this.#opts.onConnect?.(target);
@@ -442,6 +472,23 @@ export class SshPool {
     });
   }
 
+  /** Records a first-use host key through onHostKeyAccepted; a failure is a hostkey SshError (nothing may run). */
+  async #pin(target: SshTarget, key: Buffer, fingerprint: string): Promise<void> {
+    try {
+      await this.#opts.onHostKeyAccepted?.(target, knownHostsLine(target.host, target.port, key), fingerprint);
+    } catch (e) {
+      // The recorder may know better than our known_hosts (a key pinned meanwhile): its refusal stands as it is.
+      if (e instanceof SshError && e.kind === "hostkey") throw e;
+      throw new SshError(
+        "hostkey",
+        target,
+        `ssh ${hostPort(target)}: new host key ${fingerprint} was not trusted because recording it failed: ` +
+          errorMessage(e),
+        { cause: e },
+      );
+    }
+  }
+
   #markDead(conn: Conn): void {
     if (!conn.alive) return;
     conn.alive = false;
@@ -454,6 +501,7 @@ export class SshPool {
     target: SshTarget,
     command: string,
     stdin: string | undefined,
+    leftMs: number,
     timeoutMs: number,
     signal: AbortSignal | undefined,
   ) {
@@ -474,17 +522,17 @@ export class SshPool {
         if (settled) return;
         settled = true;
         clearTimeout(timer);
-        signal?.removeEventListener("abort", abandon);
+        signal?.removeEventListener("abort", onAbort);
         f();
       };
-      const abandon = () => {
+      const abandon = (why?: SshError) => {
         settle(() =>
           reject(
-            signal?.aborted ? abortedError(target, signal) : new SshError(
+            why ?? (signal?.aborted ? abortedError(target, signal) : new SshError(
               "timeout",
               target,
-              `ssh ${conn.label}: command timed out after ${timeoutMs}ms and was killed`,
-            ),
+              `ssh ${conn.label}: command timed out after ${timeoutMs}ms (channel wait included) and was killed`,
+            )),
           )
         );
         if (channel) killChannel(channel);
@@ -497,8 +545,9 @@ export class SshPool {
         }, CLOSE_GRACE_MS);
       };
       // The limit covers opening the channel too: a wedged server must not hold the caller forever.
-      const timer = setTimeout(abandon, timeoutMs);
-      signal?.addEventListener("abort", abandon, { once: true });
+      const timer = setTimeout(abandon, leftMs);
+      const onAbort = () => abandon();
+      signal?.addEventListener("abort", onAbort, { once: true });
 
       const onChannel = (err: Error | undefined, ch: ClientChannel) => {
         if (err) {
@@ -521,9 +570,24 @@ export class SshPool {
         this.#stats.commands++;
         const out: Buffer[] = [];
         const errOut: Buffer[] = [];
+        const size = { stdout: 0, stderr: 0 };
+        const max = this.#opts.maxOutputBytes;
+        const collect = (into: Buffer[], stream: "stdout" | "stderr") => (d: Buffer) => {
+          if (settled) return;
+          size[stream] += d.length;
+          if (size[stream] <= max) return void into.push(d);
+          abandon(
+            new SshError(
+              "output",
+              target,
+              `ssh ${conn.label}: the command printed more than ${max} bytes on ${stream} and was killed ` +
+                `(maxOutputBytes); look on the host for what floods it (a journal, a listing)`,
+            ),
+          );
+        };
         let exit: { code: number | null; signal?: string } | undefined;
-        ch.on("data", (d: Buffer) => out.push(d));
-        ch.stderr.on("data", (d: Buffer) => errOut.push(d));
+        ch.on("data", collect(out, "stdout"));
+        ch.stderr.on("data", collect(errOut, "stderr"));
         ch.on("exit", (code: number | null, signal?: string) => (exit = { code, signal }));
         ch.on("close", () => {
           release();
@@ -731,19 +795,38 @@ const SIGNAL_NUMBERS: Record<string, number> = {
   TERM: 15,
 };
 
-/** FIFO counting semaphore; fail() wakes all waiters so they can notice a dead connection and reconnect. */
+/**
+ * FIFO counting semaphore; fail() wakes all waiters so they can notice a dead connection and reconnect. A wait ends
+ * without a slot (false) after `ms` or on `signal` (the fence).
+ */
 class Semaphore {
   #free: number;
   #waiters: (() => void)[] = [];
   constructor(n: number) {
     this.#free = n;
   }
-  acquire(): Promise<void> {
+  acquire(ms: number, signal?: AbortSignal): Promise<boolean> {
     if (this.#free > 0) {
       this.#free--;
-      return Promise.resolve();
+      return Promise.resolve(true);
     }
-    return new Promise((r) => this.#waiters.push(r));
+    if (ms <= 0 || signal?.aborted) return Promise.resolve(false);
+    return new Promise((resolve) => {
+      const give = () => {
+        clearTimeout(timer);
+        signal?.removeEventListener("abort", giveUp);
+        resolve(true);
+      };
+      const giveUp = () => {
+        clearTimeout(timer);
+        signal?.removeEventListener("abort", giveUp);
+        this.#waiters = this.#waiters.filter((w) => w !== give);
+        resolve(false);
+      };
+      const timer = setTimeout(giveUp, ms);
+      signal?.addEventListener("abort", giveUp, { once: true });
+      this.#waiters.push(give);
+    });
   }
   release(): void {
     const next = this.#waiters.shift();

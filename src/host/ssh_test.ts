@@ -378,6 +378,44 @@ Deno.test({
         await strict.close();
       });
 
+      await t.step(
+        "a pooled connection reused with another caller's known_hosts pins for that caller too (M9)",
+        async () => {
+          // Two namespaces, one key: the pool key is the same, but each namespace has its own pin Secret.
+          const pinned: { ns: string; fp: string }[] = [];
+          let fail = false;
+          const p = newPool({
+            onHostKeyAccepted: (t, _line, fp) => {
+              if (fail) throw new Error("API server unavailable");
+              pinned.push({ ns: t.pinScope!, fp });
+            },
+          });
+          const tofu = (ns: string) => ({
+            ...target,
+            knownHosts: "",
+            hostKeyPolicy: "AcceptNew" as const,
+            pinScope: ns,
+          });
+          assert.equal((await p.exec(tofu("a"), "echo a")).stdout, "a\n");
+          const b = await Promise.all([1, 2, 3].map(() => p.exec(tofu("b"), "echo b")));
+          assert.deepEqual(b.map((r) => r.stdout), ["b\n", "b\n", "b\n"]);
+          assert.deepEqual(pinned, [{ ns: "a", fp: hostFp }, { ns: "b", fp: hostFp }], "b pinned once, on reuse");
+          assert.equal(p.stats().connectionsOpened, 1, "the connection was reused");
+          // A pin that cannot be recorded runs nothing for that caller, and is tried again next time.
+          fail = true;
+          const other = { ...tofu("c"), knownHosts: "# c's own\n" };
+          const e = await rejection(p.exec(other, "echo never"));
+          assert.equal(e.kind, "hostkey");
+          assert.match(e.message, /not trusted because recording it failed: API server unavailable/);
+          fail = false;
+          assert.equal((await p.exec(other, "echo c")).stdout, "c\n");
+          // The same known_hosts text in another namespace is still that namespace's first use.
+          assert.equal((await p.exec(tofu("d"), "echo d")).stdout, "d\n");
+          assert.deepEqual(pinned.map((x) => x.ns), ["a", "b", "c", "d"]);
+          await p.close();
+        },
+      );
+
       await t.step("AcceptNew does not trust the host when recording the key fails", async () => {
         const p = newPool({
           onHostKeyAccepted: () => {
@@ -447,6 +485,42 @@ Deno.test({
         assert.equal(next.stdout, "none\n", "the timed-out process was killed on the host");
         assert.equal(pool.stats().connectionsOpened, opened, "same connection");
       });
+
+      await t.step("the wait for a channel is inside the command's limit, and the fence ends it (M1)", async () => {
+        const p = newPool({ maxChannels: 1 });
+        await p.exec(target, "true");
+        const stopHog = new AbortController();
+        // callers take the slot in the order they came: the hog holds the only one from here on
+        const hog = rejection(p.exec(target, "sleep 60", { signal: stopHog.signal }));
+        const waited = await rejection(p.exec(target, "echo late", { timeoutMs: 300 }));
+        assert.equal(waited.kind, "timeout");
+        assert.match(waited.message, /no free channel within 300ms: all 1 are busy.*not run/);
+        const fence = new AbortController();
+        const parked = rejection(p.exec(target, "echo fenced", { signal: fence.signal }));
+        fence.abort(new Error("leadership lost"));
+        const fenced = await parked;
+        assert.equal(fenced.kind, "closed");
+        assert.match(fenced.message, /leadership lost/);
+        stopHog.abort(new Error("done"));
+        assert.equal((await hog).kind, "closed");
+        assert.equal((await p.exec(target, "echo free")).stdout, "free\n", "the slot comes back once the hog is gone");
+        await p.close();
+      });
+
+      await t.step(
+        "output beyond maxOutputBytes kills the command with kind output; the connection stays (M5)",
+        async () => {
+          const p = newPool({ maxOutputBytes: 1024 * 1024 });
+          const e = await rejection(p.exec(target, "head -c 3000000 /dev/zero | tr '\\0' x; sleep 30"));
+          assert.equal(e.kind, "output");
+          assert.match(e.message, /more than 1048576 bytes on stdout and was killed \(maxOutputBytes\)/);
+          const flood = await rejection(p.exec(target, "head -c 2000000 /dev/zero >&2"));
+          assert.match(flood.message, /on stderr/);
+          assert.equal((await p.exec(target, "echo free")).stdout, "free\n");
+          assert.equal(p.stats().connectionsOpened, 1, "same connection");
+          await p.close();
+        },
+      );
 
       await t.step("after sshd restarts and drops sessions, the pool reconnects", async () => {
         const p = newPool({ backoffBaseMs: 200, backoffMaxMs: 1000 });
