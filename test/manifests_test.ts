@@ -53,7 +53,13 @@ Deno.test({
     assert.equal(out.code, 0, new TextDecoder().decode(out.stderr));
     // deno-lint-ignore no-explicit-any
     const objects = parseAllDocuments(new TextDecoder().decode(out.stdout)).map((d) => d.toJS() as any);
-    assert.deepEqual(objects.map((o) => o.kind).sort(), ["Deployment", "Role", "RoleBinding", "ServiceAccount"]);
+    assert.deepEqual(objects.map((o) => o.kind).sort(), [
+      "Deployment",
+      "Role",
+      "RoleBinding",
+      "Secret",
+      "ServiceAccount",
+    ]);
     for (const o of objects) {
       assert.deepEqual(o.metadata.labels, { ...OPERATOR_LABELS, ...RECOMMENDED }, o.kind);
     }

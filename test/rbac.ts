@@ -5,6 +5,7 @@
 import { parse, stringify } from "yaml";
 import type { KubeObject } from "../src/api/types.ts";
 import { isConflict, type KubeClient, type Resource, resourcePath } from "../src/kube/client.ts";
+import { SECRETS } from "../src/kube/resources.ts";
 
 export const MANIFESTS = new URL("../manifests/", import.meta.url);
 
@@ -52,6 +53,8 @@ export async function installControllerRbac(
   ns: string,
   dir: string,
   rules?: PolicyRule[],
+  /** Also apply manifests/known-hosts-secret.yaml, as `kubectl apply -k manifests` does (default: with its Role). */
+  pinSecret = !rules,
 ): Promise<string> {
   const sa = await inNamespace("serviceaccount.yaml", ns);
   const role = await inNamespace<KubeObject & { rules: PolicyRule[] }>("role.yaml", ns);
@@ -60,6 +63,7 @@ export async function installControllerRbac(
   await ensure(SERVICE_ACCOUNTS, sa);
   await ensure(ROLES, role);
   await ensure(ROLE_BINDINGS, await inNamespace("rolebinding.yaml", ns));
+  if (pinSecret) await ensure(SECRETS, await inNamespace("known-hosts-secret.yaml", ns));
   return await serviceAccountKubeconfig(adminKubeconfig, admin, ns, sa.metadata.name!, dir);
 }
 

@@ -21,6 +21,7 @@ import { pinHostKey } from "../src/provision/host_keys.ts";
 import type { LabTarget } from "../src/provision/credentials.ts";
 import { acquireLeadership } from "../src/kube/leader.ts";
 import { createLogger } from "../src/observe/log.ts";
+import { PINNED_HOST_KEYS_KEY } from "../src/provision/credentials.ts";
 import {
   DEPLOYMENTS,
   inNamespace,
@@ -88,7 +89,6 @@ const NOT_EXERCISED: Record<string, string> = {
   "virtualtarget.jumpstarter.dev exportersets get *":
     "confirms that a set missing from the cache is gone before its Exporters are deleted; the run scales down to " +
     "none before deleting its set, so there is nothing to delete",
-  " secrets patch qemu-ssh-known-hosts": "pins the key of a second host in the same namespace",
 };
 
 // ---------------------------------------------------------------- rules as sets of single grants
@@ -276,13 +276,14 @@ interface Run {
 }
 
 /** The whole job of the seed's ExporterSet, with the controller acting as the ServiceAccount bound to `rules`. */
-async function wholeJobAs(rules: PolicyRule[], prefix: string, host: LabHost): Promise<Run> {
+/** `manifests`: the pin Secret is there as manifests/known-hosts-secret.yaml ships it (else the controller creates it). */
+async function wholeJobAs(rules: PolicyRule[], prefix: string, host: LabHost, manifests: boolean): Promise<Run> {
   const t0 = performance.now();
   const env = await testEnv();
   const admin = await KubeClient.load(env.kubeconfig);
   const dir = await Deno.makeTempDir({ prefix: "qsp-rbac-" });
   const ns = await freshNamespace(admin, prefix);
-  const kubeconfig = await installControllerRbac(admin, env.kubeconfig, ns, dir, rules);
+  const kubeconfig = await installControllerRbac(admin, env.kubeconfig, ns, dir, rules, manifests);
   const client = await KubeClient.load(kubeconfig);
   const used = new Set<string>();
   const paths = new Set<string>();
@@ -340,7 +341,8 @@ async function wholeJobAs(rules: PolicyRule[], prefix: string, host: LabHost): P
     const name = e.metadata.name!;
     const units = await hostExec(host, `systemctl is-active ${name}-runtime.service ${name}-exporter.service`);
     assert.equal(units.stdout, "active\nactive\n", "both units run on the lab host");
-    assert.ok(await admin.find(SECRETS, ns, "qemu-ssh-known-hosts"), "the host key was pinned");
+    const pins = await admin.find<Secret>(SECRETS, ns, "qemu-ssh-known-hosts");
+    assert.ok(pins?.data?.[PINNED_HOST_KEYS_KEY], "the host key was pinned");
     const events = (await admin.list<KubeObject & { reason: string }>(EVENTS, ns)).items;
     assert.ok(events.some((ev) => ev.reason === "CreatedExporters"), "events were recorded");
 
@@ -389,7 +391,7 @@ Deno.test({
   async fn() {
     const env = await testEnv();
     const ours = await ourRules();
-    const run = await wholeJobAs(ours, "rbac-ours", env.labhosts[0]);
+    const run = await wholeJobAs(ours, "rbac-ours", env.labhosts[0], true);
     console.log(`  whole job in ${run.seconds.toFixed(1)}s`);
     for (const g of run.used) assert.ok(allows(ours, g), `used but not granted: ${g}`);
     const unused = [...grants(ours)].filter((g) => !(g in NOT_EXERCISED) && ![...run.used].some((u) => covers(g, u)));
@@ -403,7 +405,7 @@ Deno.test({
   sanitizeOps: false,
   async fn() {
     const env = await testEnv();
-    const run = await wholeJobAs(OPERATOR_RULES, "rbac-operator", env.labhosts[1] ?? env.labhosts[0]);
+    const run = await wholeJobAs(OPERATOR_RULES, "rbac-operator", env.labhosts[1] ?? env.labhosts[0], false);
     console.log(`  whole job in ${run.seconds.toFixed(1)}s`);
   },
 });

@@ -88,6 +88,17 @@ export interface ClientOptions {
   qps?: number;
   /** Requests allowed at once above the sustained rate (client-go's Burst; default DEFAULT_BURST). */
   burst?: number;
+  /** Told of each retry before its wait: for a debug log, and for tests to see Retry-After honoured. */
+  onRetry?: (retry: RetryInfo) => void;
+}
+
+export interface RetryInfo {
+  method: string;
+  path: string;
+  /** The HTTP status, or the connect error's code. */
+  cause: number | string;
+  retryAfter?: string;
+  waitMs: number;
 }
 
 /** Where the client's configuration came from, for messages. */
@@ -177,6 +188,7 @@ export class KubeClient implements KubeApi {
     private readonly credentials: Credentials,
     private readonly requestTimeoutMs: number,
     private readonly limiter: TokenBucket,
+    private readonly onRetry?: (retry: RetryInfo) => void,
   ) {}
 
   /**
@@ -218,7 +230,8 @@ export class KubeClient implements KubeApi {
       connectTimeoutMs: opts.connectTimeoutMs ?? 10_000,
     });
     const limiter = new TokenBucket(opts.qps ?? DEFAULT_QPS, opts.burst ?? DEFAULT_BURST);
-    return new KubeClient(conn.server, source, transport, credentials, opts.requestTimeoutMs ?? 30_000, limiter);
+    const timeout = opts.requestTimeoutMs ?? 30_000;
+    return new KubeClient(conn.server, source, transport, credentials, timeout, limiter, opts.onRetry);
   }
 
   /** Stops retries once `fence` aborts; attempts already sent finish as they would. */
@@ -272,8 +285,15 @@ export class KubeClient implements KubeApi {
       } catch (e) {
         const attempt = attemptOf(e);
         const wait = attempt && retryDelay(method, retries, attempt);
-        if (wait === undefined || opts.signal?.aborted || this.retryFence?.aborted) throw e;
+        if (attempt === undefined || wait === undefined || opts.signal?.aborted || this.retryFence?.aborted) throw e;
         this.retries++;
+        this.onRetry?.({
+          method,
+          path,
+          cause: "status" in attempt ? attempt.status : attempt.connectError,
+          retryAfter: "status" in attempt ? attempt.retryAfter ?? undefined : undefined,
+          waitMs: wait,
+        });
         const stop = this.retryFence
           ? AbortSignal.any([this.retryFence, ...opts.signal ? [opts.signal] : []])
           : opts.signal;

@@ -600,6 +600,38 @@ Deno.test("reconcile: pending restarts roll one instance at a time once their le
   assert.equal(w.set.status?.updatedReplicas, w.set.status?.replicas);
 });
 
+Deno.test("reconcile: a new host-key pin in the namespace re-applies no instance (M7)", async () => {
+  const w = new World();
+  const [a, b] = await w.deployed();
+  const before = [a, b].map((e) => w.applies(e.metadata.name!));
+  w.kube.put<Secret>(SECRETS, {
+    metadata: { name: "qemu-ssh-known-hosts", namespace: NS },
+    data: { known_hosts: b64("lab-host-02.example.com ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIE0000\n") },
+  });
+  await w.reconcile();
+  assert.deepEqual([a, b].map((e) => w.applies(e.metadata.name!)), before, "trust changed, not what runs");
+});
+
+Deno.test("reconcile: a host name's case or a new user is no move: re-applied in place (M12)", async () => {
+  const w = new World({ recycleStrategy: "InPlaceReuse" });
+  const [a, b] = await w.deployed();
+  const names = [a, b].map((e) => e.metadata.name!);
+  const spelled = "LAB-HOST-01.Example.COM";
+  w.updateSpec({ parameters: { host: { name: spelled } } });
+  await w.reconcile();
+  w.updateSpec({ parameters: { host: { name: spelled }, ssh: { user: "ops" } } });
+  await w.reconcile();
+  assert.deepEqual(w.hosts.calls.filter((c) => c.startsWith("remove")), [], "nothing removed");
+  for (const name of names) {
+    assert.equal(w.hosts.instance(HOST, name)?.starts, 1, `${name} kept running: not re-created`);
+    assert.equal(w.exporter(name)?.metadata.annotations?.[TARGET_ANNOTATION], `ops@${spelled}:22`);
+  }
+  assert.ok(!w.reasons().includes("Moved"));
+  w.updateSpec({ parameters: { host: { name: "lab-host-02.example.com" } } });
+  await w.reconcile();
+  assert.ok(w.reasons().includes("Moved"), "another host is still a move");
+});
+
 Deno.test("reconcile: a host move leaves a leased instance on the old host until its lease ends", async () => {
   const other = "lab-host-02.example.com";
   const w = new World();
