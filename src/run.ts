@@ -30,6 +30,8 @@ export interface RunOptions {
   sweepMs: number;
   /** undefined: the controller's default. */
   concurrency?: number;
+  /** SSH connections open at once (ssh.ts maxConnections); undefined: no bound. */
+  maxSshConnections?: number;
   /** Flow control toward the API server (flowcontrol.ts); undefined: its defaults. */
   kubeApi?: { qps: number; burst: number };
   /** --lab-hosts as given: the network permission already enforces it; named here in refusals. */
@@ -60,6 +62,7 @@ export async function runController(o: RunOptions): Promise<number> {
   client.fenceRetries(fence.signal);
   // A 5 s keepalive notices a dead host within ~15 s; the pool's 15 s default would hold a worker for a minute.
   const pool = new SshPool({
+    maxConnections: o.maxSshConnections,
     keepaliveIntervalMs: 5_000,
     keepaliveCountMax: 3,
     onConnect: (t) => metrics.sshConnections.inc({ host: t.host }),

@@ -60,6 +60,9 @@ Deno.test("cli: --kube-api-qps and --kube-api-burst set the flow control toward 
   assert.deepEqual(parseRunFlags(["--kube-api-qps=0"]).kubeApi, { qps: 0, burst: 100 });
   assert.throws(() => parseRunFlags(["--kube-api-qps=-1"]), /--kube-api-qps must be a number >= 0/);
   assert.throws(() => parseRunFlags(["--kube-api-burst=0"]), /--kube-api-burst must be a whole number >= 1/);
+  assert.equal(parseRunFlags([]).maxSshConnections, 2000);
+  assert.equal(parseRunFlags(["--max-ssh-connections=900"]).maxSshConnections, 900);
+  assert.throws(() => parseRunFlags(["--max-ssh-connections=0"]), /--max-ssh-connections must be a whole number/);
 });
 
 Deno.test("cli: --lab-hosts is checked at start; the environment sets it for a Deployment", () => {

@@ -105,6 +105,15 @@ export interface SshPoolOptions {
   onHostKeyAccepted?: (t: SshTarget, knownHostsLine: string, fingerprint: string) => Promise<void> | void;
   /** Called once per connection established (authenticated), for metrics. */
   onConnect?: (t: SshTarget) => void;
+  /** A connection with no command for this long is closed (default 600000; 0 keeps them): each holds a descriptor. */
+  idleCloseMs?: number;
+  /** Handshakes in progress at once, default 32: a rollout to 2000 hosts must not open 2000 sockets in one go. */
+  maxHandshakes?: number;
+  /**
+   * Connections open at once (default: no bound). At the bound the longest idle one is closed for a new one; with
+   * none idle, connecting fails, naming the bound: better than EMFILE, which would also fail the leader's Lease.
+   */
+  maxConnections?: number;
 }
 
 export interface SshPoolStats {
@@ -126,6 +135,8 @@ interface Conn {
   hostKey: Buffer;
   sem: Semaphore;
   alive: boolean;
+  /** performance.now() of the last command started or finished on it. */
+  lastUsed: number;
   /**
    * Pins made on reuse, by the caller's known_hosts and policy: a connection opened for one namespace and reused for
    * another must still pin the key for the second (each namespace has its own pin Secret), once, not per command.
@@ -157,6 +168,9 @@ const CLOSE_GRACE_MS = 5_000;
 
 const DEFAULTS = {
   maxChannels: 6,
+  idleCloseMs: 600_000,
+  maxHandshakes: 32,
+  maxConnections: Infinity,
   commandTimeoutMs: 120_000,
   maxOutputBytes: 4 * 1024 * 1024,
   connectTimeoutMs: 20_000,
@@ -176,6 +190,8 @@ export class SshPool {
   readonly #keyInfo = new Map<string, { fingerprint: string; type: string } | string>();
   #closed = false;
   #stats = { connectionsOpened: 0, commands: 0, channelRetries: 0 };
+  #handshakes: Semaphore;
+  #lastSweep = performance.now();
 
   constructor(opts: SshPoolOptions = {}) {
     const o = { ...DEFAULTS };
@@ -187,6 +203,9 @@ export class SshPool {
       }
     }
     if (o.maxChannels < 1) throw new RangeError("SshPoolOptions.maxChannels must be >= 1");
+    if (o.maxHandshakes < 1) throw new RangeError("SshPoolOptions.maxHandshakes must be >= 1");
+    if (o.maxConnections < 1) throw new RangeError("SshPoolOptions.maxConnections must be >= 1");
+    this.#handshakes = new Semaphore(o.maxHandshakes);
     this.#opts = { ...o, onHostKeyAccepted: opts.onHostKeyAccepted, onConnect: opts.onConnect };
   }
 
@@ -216,6 +235,7 @@ export class SshPool {
             `commands that have not finished (is the host's systemd or podman hanging?); the command was not run`,
         );
       }
+      conn.lastUsed = performance.now();
       if (opts.signal?.aborted) {
         conn.sem.release();
         throw abortedError(target, opts.signal);
@@ -304,8 +324,38 @@ export class SshPool {
     return info;
   }
 
+  /**
+   * Closes connections idle past idleCloseMs and forgets connect failures long past their backoff; run from
+   * #connection at most once a minute, so a pool without traffic holds no timer.
+   */
+  #sweepIdle(): void {
+    const now = performance.now();
+    if (now - this.#lastSweep < Math.min(60_000, this.#opts.idleCloseMs || 60_000)) return;
+    this.#lastSweep = now;
+    if (this.#opts.idleCloseMs > 0) {
+      for (const c of [...this.#conns.values()]) {
+        if (c.sem.idle() && now - c.lastUsed > this.#opts.idleCloseMs) this.#drop(c);
+      }
+    }
+    for (const [k, f] of this.#failures) if (Date.now() - f.retryAt > this.#opts.backoffMaxMs) this.#failures.delete(k);
+  }
+
+  /** Room for one more connection under maxConnections: the longest idle one goes, or the connect fails. */
+  #makeRoom(target: SshTarget): void {
+    if (this.#conns.size + this.#connecting.size < this.#opts.maxConnections) return;
+    const idle = [...this.#conns.values()].filter((c) => c.sem.idle()).sort((a, b) => a.lastUsed - b.lastUsed);
+    if (idle[0]) return this.#drop(idle[0]);
+    throw new SshError(
+      "connect",
+      target,
+      `ssh ${label(target)}: ${this.#opts.maxConnections} SSH connections are open and busy, the most the file ` +
+        `descriptor budget allows (maxConnections, --max-ssh-connections); raise it with the nofile limit`,
+    );
+  }
+
   async #connection(target: SshTarget): Promise<Conn> {
     const key = this.#checkKey(target);
+    this.#sweepIdle();
     const poolKey = `${target.user}@${hostPort(target)}/${target.address ?? ""}#${key.fingerprint}`;
     const existing = this.#conns.get(poolKey);
     if (existing?.alive) {
@@ -326,7 +376,8 @@ export class SshPool {
           { cause: failure.error, retryAt: failure.retryAt },
         );
       }
-      pending = this.#connect(target, poolKey, key).then(
+      this.#makeRoom(target);
+      pending = this.#handshake(target, poolKey, key).then(
         (conn) => {
           this.#failures.delete(poolKey);
           return conn;
@@ -375,7 +426,30 @@ export class SshPool {
     conn.client.end();
   }
 
-  #connect(target: SshTarget, poolKey: string, key: { fingerprint: string; type: string }): Promise<Conn> {
+  /** #connect within maxHandshakes; the wait for a turn counts in connectTimeoutMs. */
+  async #handshake(target: SshTarget, poolKey: string, key: { fingerprint: string; type: string }): Promise<Conn> {
+    const t0 = performance.now();
+    if (!(await this.#handshakes.acquire(this.#opts.connectTimeoutMs))) {
+      throw new SshError(
+        "connect",
+        target,
+        `ssh ${label(target)}: no turn to connect within ${this.#opts.connectTimeoutMs}ms: ` +
+          `${this.#opts.maxHandshakes} SSH handshakes are in progress (maxHandshakes)`,
+      );
+    }
+    try {
+      return await this.#connect(target, poolKey, key, this.#opts.connectTimeoutMs - (performance.now() - t0));
+    } finally {
+      this.#handshakes.release();
+    }
+  }
+
+  #connect(
+    target: SshTarget,
+    poolKey: string,
+    key: { fingerprint: string; type: string },
+    timeoutMs: number,
+  ): Promise<Conn> {
     if (this.#closed) return Promise.reject(closedError(target, "the SSH pool is closed"));
     const client = new Client();
     let closeResolve!: () => void;
@@ -390,7 +464,7 @@ export class SshPool {
       username: target.user,
       privateKey: target.privateKey,
       authHandler: ["publickey"],
-      readyTimeout: this.#opts.connectTimeoutMs,
+      readyTimeout: Math.max(1, Math.round(timeoutMs)),
       keepaliveInterval: this.#opts.keepaliveIntervalMs,
       keepaliveCountMax: this.#opts.keepaliveCountMax,
       algorithms: { serverHostKey: hostKeyAlgorithms(knownTypes) },
@@ -437,6 +511,7 @@ export class SshPool {
           hostKey: presented!,
           sem: new Semaphore(this.#opts.maxChannels),
           alive: true,
+          lastUsed: performance.now(),
           pins: new Map(),
         };
         this.#stats.connectionsOpened++;
@@ -515,6 +590,7 @@ export class SshPool {
         clearTimeout(graceTimer);
         if (!released) {
           released = true;
+          conn.lastUsed = performance.now();
           conn.sem.release();
         }
       };
@@ -740,7 +816,8 @@ function connectError(
     );
   }
   const detail = err.code ? `${err.code}: ${err.message}` : err.message;
-  return new SshError("connect", target, `ssh ${where}: cannot connect: ${detail}`, { cause: err });
+  const fix = err.code === "EMFILE" ? "; the process is out of file descriptors: lower --max-ssh-connections" : "";
+  return new SshError("connect", target, `ssh ${where}: cannot connect: ${detail}${fix}`, { cause: err });
 }
 
 function closedError(target: SshTarget, why: string): SshError {
@@ -801,9 +878,10 @@ const SIGNAL_NUMBERS: Record<string, number> = {
  */
 class Semaphore {
   #free: number;
+  readonly #n: number;
   #waiters: (() => void)[] = [];
   constructor(n: number) {
-    this.#free = n;
+    this.#free = this.#n = n;
   }
   acquire(ms: number, signal?: AbortSignal): Promise<boolean> {
     if (this.#free > 0) {
@@ -827,6 +905,10 @@ class Semaphore {
       signal?.addEventListener("abort", giveUp, { once: true });
       this.#waiters.push(give);
     });
+  }
+  /** No slot taken and nobody waiting. */
+  idle(): boolean {
+    return this.#free === this.#n && this.#waiters.length === 0;
   }
   release(): void {
     const next = this.#waiters.shift();

@@ -152,6 +152,33 @@ Deno.test("ssh: concurrent callers share one connect attempt; handshake timeout 
   }
 });
 
+Deno.test("ssh: handshakes beyond maxHandshakes wait their turn, inside the connect timeout (M14)", async () => {
+  const listener = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const accepted: Deno.Conn[] = [];
+  const acceptLoop = (async () => {
+    for await (const c of listener) accepted.push(c);
+  })();
+  const pool = new SshPool({ connectTimeoutMs: 400, maxHandshakes: 1 });
+  try {
+    const port = (listener.addr as Deno.NetAddr).port;
+    // three pool keys (users), one host that never speaks SSH: one handshake at a time, the others wait for a turn
+    const errors = await Promise.all(
+      ["a", "b", "c"].map((user) => rejection(pool.exec(localTarget(port, { user }), "true"))),
+    );
+    assert.equal(accepted.length, 1, "one socket at a time: the waiting ones gave up before their turn");
+    assert.match(errors[0].message, /no SSH handshake within/);
+    for (const e of errors.slice(1)) {
+      assert.equal(e.kind, "connect");
+      assert.match(e.message, /no turn to connect within 400ms: 1 SSH handshakes are in progress \(maxHandshakes\)/);
+    }
+  } finally {
+    await pool.close();
+    listener.close();
+    await acceptLoop.catch(() => {});
+    for (const c of accepted) c.close();
+  }
+});
+
 Deno.test("ssh: close() during a connect attempt returns promptly and fails the caller as closed", async () => {
   const listener = Deno.listen({ hostname: "127.0.0.1", port: 0 });
   const accepted: Deno.Conn[] = [];
@@ -521,6 +548,30 @@ Deno.test({
           await p.close();
         },
       );
+
+      await t.step("idle connections are closed; at maxConnections the longest idle one makes room (M14)", async () => {
+        const idle = newPool({ idleCloseMs: 300 });
+        await idle.exec(target, "true");
+        await new Promise((r) => setTimeout(r, 400)); // longer than idleCloseMs: that is what is tested
+        await idle.exec(target, "true");
+        assert.equal(idle.stats().connectionsOpened, 2, "the idle connection was closed, a new one opened");
+        assert.equal(idle.stats().open, 1);
+        await idle.close();
+
+        const p = newPool({ maxConnections: 1 });
+        const viaAddress = { ...target, address: host.address }; // another pool key to the same host
+        await p.exec(target, "true");
+        await p.exec(viaAddress, "true");
+        assert.deepEqual([p.stats().open, p.stats().connectionsOpened], [1, 2], "the idle one made room");
+        const stop = new AbortController();
+        const busy = rejection(p.exec(viaAddress, "sleep 60", { signal: stop.signal }));
+        const e = await rejection(p.exec(target, "true"));
+        assert.equal(e.kind, "connect");
+        assert.match(e.message, /1 SSH connections are open and busy.*--max-ssh-connections/);
+        stop.abort(new Error("done"));
+        await busy;
+        await p.close();
+      });
 
       await t.step("after sshd restarts and drops sessions, the pool reconnects", async () => {
         const p = newPool({ backoffBaseMs: 200, backoffMaxMs: 1000 });
