@@ -10,8 +10,12 @@ import { FINALIZER, SET_LABEL } from "./marks.ts";
 import type { Plan } from "./plan.ts";
 import { statusChanged } from "./status.ts";
 
-/** How long an Exporter we created may take to show up in the cache before we stop counting it as pending. */
-const EXPECTATION_MS = 60_000;
+/**
+ * How long an Exporter we created may take to show up in the cache before we stop counting it as pending. Longer than
+ * an informer takes to notice a silently dead watch (its 60 s watch timeout + 30 s, informer.ts) and relist: expiring
+ * sooner would create again while the cache is merely late (review M11). ReplicaSets wait 5 minutes.
+ */
+const EXPECTATION_MS = 120_000;
 
 /**
  * Creates per reconcile, at most; the rest come at the next one (each create's watch event requeues the set). A
