@@ -404,7 +404,7 @@ export class SshPool {
     if (verdict.status === "match") return;
     if (verdict.status === "unknown" && target.hostKeyPolicy === "AcceptNew") {
       // First use for this caller (another namespace, or a pin not yet in its cache): pin as a new connection would.
-      const key = `${target.pinScope ?? ""}\0${hashConfig(target)}`;
+      const key = pinKey(target);
       let pin = conn.pins.get(key);
       if (!pin) {
         pin = this.#pin(target, conn.hostKey, verdict.fingerprint);
@@ -456,6 +456,7 @@ export class SshPool {
     this.#clients.set(client, new Promise<void>((r) => (closeResolve = r)));
     let hostKeyFailure: SshError | undefined;
     let presented: Buffer | undefined;
+    let pinned = false;
 
     const knownTypes = lookup(target.knownHosts, target.host, target.port).keys.map((k) => k.type);
     const config: ConnectConfig = {
@@ -480,7 +481,10 @@ export class SshPool {
           verify(false);
           return;
         }
-        this.#pin(target, presented, verdict.fingerprint).then(() => verify(true), (e: SshError) => {
+        this.#pin(target, presented, verdict.fingerprint).then(() => {
+          pinned = true;
+          verify(true);
+        }, (e: SshError) => {
           hostKeyFailure = e;
           verify(false);
         });
@@ -512,7 +516,8 @@ export class SshPool {
           sem: new Semaphore(this.#opts.maxChannels),
           alive: true,
           lastUsed: performance.now(),
-          pins: new Map(),
+          // the caller whose handshake pinned the key is done with it
+          pins: new Map(pinned ? [[pinKey(target), Promise.resolve()]] : []),
         };
         this.#stats.connectionsOpened++;
         this.#opts.onConnect?.(target);
@@ -843,6 +848,9 @@ function label(t: SshTarget): string {
   const via = t.address && t.address !== t.host ? ` (via ${t.address})` : "";
   return `${t.user}@${hostPort(t)}${via}`;
 }
+
+/** One pin per scope and known_hosts: the same text in another namespace is that namespace's first use. */
+const pinKey = (t: SshTarget) => `${t.pinScope ?? ""}\0${hashConfig(t)}`;
 
 function hashConfig(t: SshTarget): string {
   return createHash("sha256").update(t.hostKeyPolicy).update("\0").update(t.knownHosts).digest("base64");

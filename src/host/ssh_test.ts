@@ -565,6 +565,7 @@ Deno.test({
         assert.deepEqual([p.stats().open, p.stats().connectionsOpened], [1, 2], "the idle one made room");
         const stop = new AbortController();
         const busy = rejection(p.exec(viaAddress, "sleep 60", { signal: stop.signal }));
+        await p.exec(viaAddress, "true"); // queued behind it: once this ran, the sleep holds its channel
         const e = await rejection(p.exec(target, "true"));
         assert.equal(e.kind, "connect");
         assert.match(e.message, /1 SSH connections are open and busy.*--max-ssh-connections/);
