@@ -1,8 +1,9 @@
 /**
- * A 429 storm from the real API server: API Priority and Fairness configured to reject every request of one user
- * (a priority level with no seats, none borrowed, and Reject as its answer), the way an overloaded server sheds a
- * flow. The server answers 429 with its own Retry-After. The user is impersonated through the admin kubeconfig
- * (`as:`), so the storm hits only the client under test: the test's admin is exempt (system:masters).
+ * A 429 storm from the real API server: API Priority and Fairness sheds one user's requests the way an overloaded
+ * server does. Its priority level has no seats of its own, borrows none and rejects instead of queuing, so APF lets
+ * one request of the user run at a time (it never starves a level completely) and answers every concurrent one 429
+ * with its own Retry-After. The user is impersonated through the admin kubeconfig (`as:`), so the storm hits only the
+ * client under test: the test's admin is exempt (system:masters). Needs a control plane with APF on.
  */
 import { parse, stringify } from "yaml";
 import type { KubeObject } from "../src/api/types.ts";
@@ -66,7 +67,7 @@ export class ApfStorm {
     return new ApfStorm(admin, name, user);
   }
 
-  /** Starts rejecting; returns once `probe` (a client of the user, which does not retry fetch) is answered 429. */
+  /** Starts rejecting; returns once `probe` (a client of the user; fetch does not retry) is answered 429. */
   async start(probe: KubeClient): Promise<void> {
     await this.admin.create(FLOW_SCHEMAS, {
       metadata: { name: this.name },
@@ -87,13 +88,15 @@ export class ApfStorm {
         }],
       },
     } as KubeObject);
-    await waitFor(async () => (await this.status(probe)) === 429, { what: "APF to reject the storm's user" });
+    await waitFor(async () => (await this.statuses(probe)).includes(429), { what: "APF to reject the storm's user" });
   }
 
   /** Ends the storm; returns once the probe gets through again. */
   async stop(probe: KubeClient): Promise<void> {
     await this.admin.delete(FLOW_SCHEMAS, undefined, this.name);
-    await waitFor(async () => (await this.status(probe)) === 200, { what: "APF to admit the storm's user again" });
+    await waitFor(async () => (await this.statuses(probe)).every((s) => s === 200), {
+      what: "APF to admit the storm's user again",
+    });
   }
 
   /** Requests of the storm's priority level the server rejected so far (its own metric). */
@@ -112,6 +115,11 @@ export class ApfStorm {
     await this.admin.delete(FLOW_SCHEMAS, undefined, this.name);
     await this.admin.delete(PRIORITY_LEVELS, undefined, this.name);
     await this.admin.delete(CLUSTER_ROLE_BINDINGS, undefined, this.user);
+  }
+
+  /** The answers to concurrent requests: one at a time is always let through. */
+  private statuses(probe: KubeClient): Promise<number[]> {
+    return Promise.all(Array.from({ length: 16 }, () => this.status(probe)));
   }
 
   private async status(probe: KubeClient): Promise<number> {

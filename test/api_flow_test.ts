@@ -1,10 +1,12 @@
 /**
  * Flow control against the real API server in a 429 storm (test/apf_storm.ts: APF rejecting one user): requests are
  * retried after the server's Retry-After, paced by the token bucket while the storm lasts, and all complete once it
- * ends. The figures (requests a second under the storm, the waits) are printed for the benchmark notes.
+ * ends. The figures (requests a second under the storm, the waits) are printed for the benchmark notes. A control
+ * plane of its own: the run's has API Priority and Fairness off.
  */
 import assert from "node:assert/strict";
-import { freshNamespace, testEnv } from "./env.ts";
+import { freshNamespace } from "./env.ts";
+import { startControlPlane } from "./controlplane/controlplane.ts";
 import { ApfStorm, impersonatingKubeconfig } from "./apf_storm.ts";
 import { KubeClient, type RetryInfo } from "../src/kube/client.ts";
 import { DEFAULT_BURST, DEFAULT_QPS } from "../src/kube/flowcontrol.ts";
@@ -19,15 +21,15 @@ Deno.test({
   sanitizeOps: false,
   sanitizeResources: false,
   async fn() {
-    const env = await testEnv();
-    const admin = await KubeClient.load(env.kubeconfig);
     const dir = await Deno.makeTempDir({ prefix: "qsp-apf-" });
+    const cp = await startControlPlane({ dir: `${dir}/controlplane`, priorityAndFairness: true });
+    const admin = await KubeClient.load(cp.kubeconfigPath);
     const ns = await freshNamespace(admin, "flow");
     const user = `qsp-storm-${ns}`;
     let storm: ApfStorm | undefined;
     const clients: KubeClient[] = [];
     try {
-      await impersonatingKubeconfig(admin, env.kubeconfig, user, `${dir}/kubeconfig`);
+      await impersonatingKubeconfig(admin, cp.kubeconfigPath, user, `${dir}/kubeconfig`);
       const retries: (RetryInfo & { at: number })[] = [];
       const client = await KubeClient.load(`${dir}/kubeconfig`, {
         onRetry: (r) => retries.push({ ...r, at: performance.now() }),
@@ -74,8 +76,8 @@ Deno.test({
     } finally {
       await storm?.remove().catch(() => {});
       for (const c of clients) c.close();
-      await admin.delete({ group: "", version: "v1", plural: "namespaces", kind: "Namespace" }, undefined, ns);
       admin.close();
+      await cp.stop();
       await Deno.remove(dir, { recursive: true }).catch(() => {});
     }
   },

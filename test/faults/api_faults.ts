@@ -2,8 +2,8 @@
  * Faults of the API server side, on a control plane of the scenario's own (the run's is shared by every test):
  * kube-apiserver SIGKILLed and started again (same etcd) in the middle of a scale, etcd compacted past what the
  * controller has seen (so its watches come back 410 Gone and it must relist), every connection of the controller
- * gone silent for a while, and a 429 storm (test/apf_storm.ts: the server's API Priority and Fairness rejecting every
- * request of the controller's user, which the controller impersonates for that). The controller reaches the API
+ * gone silent for a while, and a 429 storm (test/apf_storm.ts: the server's API Priority and Fairness shedding the
+ * requests of the controller's user, which the controller impersonates for that). The controller reaches the API
  * server through test/faultproxy.ts; the test and the fake Jumpstarter talk to it directly.
  */
 import { parse, stringify } from "yaml";
@@ -19,7 +19,7 @@ import { FaultWorld, type Outcome, randomBetween, sleep } from "./world.ts";
 
 export async function apiScenario(reps: number, silenceMs: number, stormMs: number): Promise<Outcome[]> {
   const dir = await Deno.makeTempDir({ prefix: "qsp-faults-api-" });
-  const cp = await startControlPlane({ dir: `${dir}/controlplane`, setup: installCrdsAt });
+  const cp = await startControlPlane({ dir: `${dir}/controlplane`, setup: installCrdsAt, priorityAndFairness: true });
   let proxy: FaultInjector | undefined;
   let w: FaultWorld | undefined;
   let storm: ApfStorm | undefined;
@@ -120,7 +120,8 @@ export async function apiScenario(reps: number, silenceMs: number, stormMs: numb
           const rejected = (await s.rejected()) - before;
           const rate = rejected / ((performance.now() - t0) / 1000);
           return {
-            fault: `${scale}, every request of the controller answered 429 (APF, Retry-After) for ${stormMs / 1000}s`,
+            fault: `${scale}, the controller's requests shed by APF (429, Retry-After; one at a time let through) ` +
+              `for ${stormMs / 1000}s`,
             note: `${rejected} requests rejected, ${rate.toFixed(1)}/s under the storm`,
           };
         }),
