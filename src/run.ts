@@ -36,6 +36,10 @@ export interface RunOptions {
   clusterId?: string;
   /** undefined: the controller's default. */
   concurrency?: number;
+  /** SSH connections open at once (ssh.ts maxConnections); undefined: no bound. */
+  maxSshConnections?: number;
+  /** Flow control toward the API server (flowcontrol.ts); undefined: its defaults. */
+  kubeApi?: { qps: number; burst: number };
   /** --lab-hosts as given: the network permission already enforces it; named here in refusals. */
   labHosts: string;
   hostAliases: Record<string, string>;
@@ -48,7 +52,7 @@ export async function runController(o: RunOptions): Promise<number> {
   const log = createLogger({ level: o.logLevel, format: o.logFormat });
   for (const w of o.warnings) log.warn(w);
   log.debug("permissions", { ...o.permissions });
-  const client = await loadClient(o.kubeconfig);
+  const client = await loadClient(o.kubeconfig, o.kubeApi);
   const metrics = new Metrics();
   const shutdown = new AbortController();
   for (const sig of ["SIGTERM", "SIGINT"] as const) {
@@ -61,8 +65,10 @@ export async function runController(o: RunOptions): Promise<number> {
   // Fencing: from the moment leadership is lost, no host command starts or goes on, and no reconcile writes to the API.
   const fence = new AbortController();
   const fencedClient = fencedApi(client, fence.signal);
+  client.fenceRetries(fence.signal);
   // A 5 s keepalive notices a dead host within ~15 s; the pool's 15 s default would hold a worker for a minute.
   const pool = new SshPool({
+    maxConnections: o.maxSshConnections,
     keepaliveIntervalMs: 5_000,
     keepaliveCountMax: 3,
     onConnect: (t) => metrics.sshConnections.inc({ host: t.host }),
@@ -84,6 +90,12 @@ export async function runController(o: RunOptions): Promise<number> {
         const [method, resource] = call.split(" ");
         return [{ method, resource }, n];
       }),
+    "counter",
+  );
+  metrics.gauge(
+    "rest_client_retries_total",
+    "Requests sent again after a 429, a 5xx or a lost connection (Retry-After honoured).",
+    () => [[{}, client.retries]],
     "counter",
   );
   // exactly what the controller's informers will watch (cachesFrom makes them), read once before anything starts

@@ -63,6 +63,17 @@ Deno.test("cli: --teardown-grace bounds a teardown (default 2 minutes); --cluste
   assert.throws(() => parseRunFlags(["--cluster-id=a b"]), /--cluster-id must be/);
 });
 
+Deno.test("cli: --kube-api-qps and --kube-api-burst set the flow control toward the API server", () => {
+  assert.deepEqual(parseRunFlags([]).kubeApi, { qps: 50, burst: 100 });
+  assert.deepEqual(parseRunFlags(["--kube-api-qps=20", "--kube-api-burst=30"]).kubeApi, { qps: 20, burst: 30 });
+  assert.deepEqual(parseRunFlags(["--kube-api-qps=0"]).kubeApi, { qps: 0, burst: 100 });
+  assert.throws(() => parseRunFlags(["--kube-api-qps=-1"]), /--kube-api-qps must be a number >= 0/);
+  assert.throws(() => parseRunFlags(["--kube-api-burst=0"]), /--kube-api-burst must be a whole number >= 1/);
+  assert.equal(parseRunFlags([]).maxSshConnections, 2000);
+  assert.equal(parseRunFlags(["--max-ssh-connections=900"]).maxSshConnections, 900);
+  assert.throws(() => parseRunFlags(["--max-ssh-connections=0"]), /--max-ssh-connections must be a whole number/);
+});
+
 Deno.test("cli: --lab-hosts is checked at start; the environment sets it for a Deployment", () => {
   assert.equal(parseRunFlags([]).labHosts, "10.0.0.0/8:22,172.16.0.0/12:22,192.168.0.0/16:22");
   assert.equal(parseRunFlags(["--lab-hosts=lab-host-01.example.com"]).labHosts, "lab-host-01.example.com");

@@ -14,7 +14,7 @@ import { parse } from "yaml";
 import { testEnv, waitFor } from "./env.ts";
 import { applySeed, cond, exporters, getSet, SEED_HOST, SET, world } from "./e2e_world.ts";
 import { hostExec, sshArgs } from "./labhost/labhost.ts";
-import { installControllerRbac, manifest } from "./rbac.ts";
+import { installClusterIdRole, installControllerRbac, manifest } from "./rbac.ts";
 import { shQuote } from "../src/host/remote.ts";
 import { EXPORTER_SETS } from "../src/kube/resources.ts";
 
@@ -50,6 +50,8 @@ Deno.test({
     const runner = w.host2;
     const dir = await Deno.makeTempDir({ prefix: "qsp-image-" });
     let forward: Deno.ChildProcess | undefined;
+    // what `kubectl apply -k manifests` gives the ServiceAccount besides its Role: the read of the cluster id
+    const removeRole = await installClusterIdRole(w.client, w.ns);
     try {
       // the image onto the lab host that runs it
       const tar = `${dir}/image.tar`;
@@ -161,6 +163,7 @@ Deno.test({
       await hostExec(runner, `podman rm -f -t 5 ${CONTAINER} >/dev/null; rm -rf ${SA_DIR}`);
       forward?.kill("SIGTERM");
       await forward?.status;
+      await removeRole();
       await w.stop();
       await Deno.remove(dir, { recursive: true });
     }

@@ -59,6 +59,7 @@ Deno.test({
       "Deployment",
       "Role",
       "RoleBinding",
+      "Secret",
       "ServiceAccount",
     ]);
     for (const o of objects) {

@@ -5,6 +5,7 @@
 import { parse, stringify } from "yaml";
 import type { KubeObject } from "../src/api/types.ts";
 import { isConflict, type KubeClient, type Resource, resourcePath } from "../src/kube/client.ts";
+import { SECRETS } from "../src/kube/resources.ts";
 
 export const MANIFESTS = new URL("../manifests/", import.meta.url);
 
@@ -64,6 +65,8 @@ export async function installControllerRbac(
   ns: string,
   dir: string,
   rules?: PolicyRule[],
+  /** Also apply manifests/known-hosts-secret.yaml, as `kubectl apply -k manifests` does (default: with its Role). */
+  pinSecret = !rules,
 ): Promise<string> {
   const sa = await inNamespace("serviceaccount.yaml", ns);
   const role = await inNamespace<KubeObject & { rules: PolicyRule[] }>("role.yaml", ns);
@@ -72,7 +75,27 @@ export async function installControllerRbac(
   await ensure(SERVICE_ACCOUNTS, sa);
   await ensure(ROLES, role);
   await ensure(ROLE_BINDINGS, await inNamespace("rolebinding.yaml", ns));
+  if (pinSecret) await ensure(SECRETS, await inNamespace("known-hosts-secret.yaml", ns));
   return await serviceAccountKubeconfig(adminKubeconfig, admin, ns, sa.metadata.name!, dir);
+}
+
+/**
+ * manifests/clusterrole.yaml and its binding for the ServiceAccount in `ns` (what reads the cluster id), named for
+ * that namespace since they are cluster-scoped and runs side by side must not share them. Returns their removal.
+ */
+export async function installClusterIdRole(admin: KubeClient, ns: string): Promise<() => Promise<void>> {
+  const role = await manifest<KubeObject>("clusterrole.yaml");
+  role.metadata.name = `${role.metadata.name}-${ns}`;
+  const binding = await inNamespace<KubeObject & { roleRef: { name: string } }>("clusterrolebinding.yaml", ns);
+  delete binding.metadata.namespace;
+  binding.metadata.name = role.metadata.name;
+  binding.roleRef.name = role.metadata.name!;
+  await admin.create(CLUSTER_ROLES, role);
+  await admin.create(CLUSTER_ROLE_BINDINGS, binding);
+  return async () => {
+    await admin.delete(CLUSTER_ROLE_BINDINGS, undefined, binding.metadata.name!);
+    await admin.delete(CLUSTER_ROLES, undefined, role.metadata.name!);
+  };
 }
 
 /**

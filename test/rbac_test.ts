@@ -29,11 +29,11 @@ import { pinHostKey } from "../src/provision/host_keys.ts";
 import type { LabTarget } from "../src/provision/credentials.ts";
 import { acquireLeadership } from "../src/kube/leader.ts";
 import { createLogger } from "../src/observe/log.ts";
+import { PINNED_HOST_KEYS_KEY } from "../src/provision/credentials.ts";
 import {
-  CLUSTER_ROLE_BINDINGS,
-  CLUSTER_ROLES,
   DEPLOYMENTS,
   inNamespace,
+  installClusterIdRole,
   installControllerRbac,
   manifest,
   MANIFESTS,
@@ -98,7 +98,6 @@ const NOT_EXERCISED: Record<string, string> = {
   "virtualtarget.jumpstarter.dev exportersets get *":
     "confirms that a set missing from the cache is gone before its Exporters are deleted; the run scales down to " +
     "none before deleting its set, so there is nothing to delete",
-  " secrets patch qemu-ssh-known-hosts": "pins the key of a second host in the same namespace",
 };
 
 // ---------------------------------------------------------------- rules as sets of single grants
@@ -286,13 +285,14 @@ interface Run {
 }
 
 /** The whole job of the seed's ExporterSet, with the controller acting as the ServiceAccount bound to `rules`. */
-async function wholeJobAs(rules: PolicyRule[], prefix: string, host: LabHost): Promise<Run> {
+/** `manifests`: the pin Secret is there as manifests/known-hosts-secret.yaml ships it (else the controller creates it). */
+async function wholeJobAs(rules: PolicyRule[], prefix: string, host: LabHost, manifests: boolean): Promise<Run> {
   const t0 = performance.now();
   const env = await testEnv();
   const admin = await KubeClient.load(env.kubeconfig);
   const dir = await Deno.makeTempDir({ prefix: "qsp-rbac-" });
   const ns = await freshNamespace(admin, prefix);
-  const kubeconfig = await installControllerRbac(admin, env.kubeconfig, ns, dir, rules);
+  const kubeconfig = await installControllerRbac(admin, env.kubeconfig, ns, dir, rules, manifests);
   const client = await KubeClient.load(kubeconfig);
   const used = new Set<string>();
   const paths = new Set<string>();
@@ -352,7 +352,8 @@ async function wholeJobAs(rules: PolicyRule[], prefix: string, host: LabHost): P
     const name = e.metadata.name!;
     const units = await hostExec(host, `systemctl is-active ${name}-runtime.service ${name}-exporter.service`);
     assert.equal(units.stdout, "active\nactive\n", "both units run on the lab host");
-    assert.ok(await admin.find(SECRETS, ns, "qemu-ssh-known-hosts"), "the host key was pinned");
+    const pins = await admin.find<Secret>(SECRETS, ns, "qemu-ssh-known-hosts");
+    assert.ok(pins?.data?.[PINNED_HOST_KEYS_KEY], "the host key was pinned");
     const events = (await admin.list<KubeObject & { reason: string }>(EVENTS, ns)).items;
     assert.ok(events.some((ev) => ev.reason === "CreatedExporters"), "events were recorded");
 
@@ -401,7 +402,7 @@ Deno.test({
   async fn() {
     const env = await testEnv();
     const ours = await ourRules();
-    const run = await wholeJobAs(ours, "rbac-ours", env.labhosts[0]);
+    const run = await wholeJobAs(ours, "rbac-ours", env.labhosts[0], true);
     console.log(`  whole job in ${run.seconds.toFixed(1)}s`);
     for (const g of run.used) assert.ok(allows(ours, g), `used but not granted: ${g}`);
     const unused = [...grants(ours)].filter((g) => !(g in NOT_EXERCISED) && ![...run.used].some((u) => covers(g, u)));
@@ -415,7 +416,7 @@ Deno.test({
   sanitizeOps: false,
   async fn() {
     const env = await testEnv();
-    const run = await wholeJobAs(OPERATOR_RULES, "rbac-operator", env.labhosts[1] ?? env.labhosts[0]);
+    const run = await wholeJobAs(OPERATOR_RULES, "rbac-operator", env.labhosts[1] ?? env.labhosts[0], false);
     console.log(`  whole job in ${run.seconds.toFixed(1)}s`);
   },
 });
@@ -435,24 +436,15 @@ Deno.test({
       readClusterId(sa, undefined),
       /forbidden to read namespace kube-system.*manifests\/clusterrole\.yaml.*--cluster-id/,
     );
-    // cluster-scoped: named for this test's namespace, so runs side by side do not share them
-    const role = await manifest<KubeObject>("clusterrole.yaml");
-    role.metadata.name = `${role.metadata.name}-${ns}`;
-    const binding = await inNamespace<KubeObject & { roleRef: { name: string } }>("clusterrolebinding.yaml", ns);
-    delete binding.metadata.namespace;
-    binding.metadata.name = role.metadata.name;
-    binding.roleRef.name = role.metadata.name!;
+    const removeRole = await installClusterIdRole(admin, ns);
     try {
-      await admin.create(CLUSTER_ROLES, role);
-      await admin.create(CLUSTER_ROLE_BINDINGS, binding);
       const uid = (await admin.get<KubeObject>(NAMESPACES, undefined, "kube-system")).metadata.uid;
       const read = await waitFor(() => readClusterId(sa, undefined).catch(() => undefined), {
         what: "the ClusterRole to take effect",
       });
       assert.equal(read, uid);
     } finally {
-      await admin.delete(CLUSTER_ROLE_BINDINGS, undefined, binding.metadata.name!);
-      await admin.delete(CLUSTER_ROLES, undefined, role.metadata.name!);
+      await removeRole();
       sa.close();
       admin.close();
     }

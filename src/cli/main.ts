@@ -7,6 +7,7 @@ import { parseArgs } from "node:util";
 import { PROVISIONER } from "../api/types.ts";
 import { CLUSTER_ID_RE } from "../host/render.ts";
 import { crdFiles } from "../api/crds.ts";
+import { DEFAULT_BURST, DEFAULT_QPS } from "../kube/flowcontrol.ts";
 import { DEFAULT_LAB_HOSTS, LAB_HOSTS_ENV, parseHostAliases, parseLabHosts } from "../host/lab_hosts.ts";
 
 export const VERSION = "0.1.0";
@@ -41,6 +42,12 @@ run flags:
                                       in manifests/clusterrole.yaml); unique among clusters sharing lab hosts
   --max-concurrent-reconciles N       ExporterSets reconciled at once (default 32); one set is never
                                       reconciled twice at once
+  --kube-api-qps N                    requests a second to the API server, sustained (default ${DEFAULT_QPS}; 0 = no
+                                      limit); 429 and 5xx answers are retried, honouring Retry-After
+  --kube-api-burst N                  requests above that rate allowed at once (default ${DEFAULT_BURST})
+  --max-ssh-connections N             SSH connections open at once, one per lab host and key (default 2000); at
+                                      the bound the longest idle one is closed first. Keep it below the nofile
+                                      limit minus 256 (Deno raises the soft limit to the hard one at start)
   --lab-hosts LIST                    the lab hosts the controller may connect to, comma-separated host names,
                                       addresses and CIDRs, each with an optional :PORT (default: $${LAB_HOSTS_ENV},
                                       else ${DEFAULT_LAB_HOSTS}); nothing else is reachable
@@ -110,6 +117,9 @@ export function parseRunFlags(args: string[]) {
       "teardown-grace": { type: "string", default: "120" },
       "cluster-id": { type: "string" },
       "max-concurrent-reconciles": { type: "string" },
+      "kube-api-qps": { type: "string", default: String(DEFAULT_QPS) },
+      "kube-api-burst": { type: "string", default: String(DEFAULT_BURST) },
+      "max-ssh-connections": { type: "string", default: "2000" },
       "lab-hosts": { type: "string" },
       "host-alias": { type: "string", multiple: true, default: [] },
     },
@@ -137,6 +147,14 @@ export function parseRunFlags(args: string[]) {
   if (concurrency !== undefined && (!Number.isInteger(concurrency) || concurrency < 1)) {
     throw new UsageError("--max-concurrent-reconciles must be a whole number >= 1");
   }
+  const qps = Number(values["kube-api-qps"]);
+  if (!Number.isFinite(qps) || qps < 0) throw new UsageError("--kube-api-qps must be a number >= 0");
+  const burst = Number(values["kube-api-burst"]);
+  if (!Number.isInteger(burst) || burst < 1) throw new UsageError("--kube-api-burst must be a whole number >= 1");
+  const maxSsh = Number(values["max-ssh-connections"]);
+  if (!Number.isInteger(maxSsh) || maxSsh < 1) {
+    throw new UsageError("--max-ssh-connections must be a whole number >= 1");
+  }
   const labHosts = values["lab-hosts"] ?? (Deno.env.get(LAB_HOSTS_ENV) || DEFAULT_LAB_HOSTS);
   let hostAliases: Record<string, string>;
   try {
@@ -161,6 +179,8 @@ export function parseRunFlags(args: string[]) {
     teardownGraceMs: grace * 1000,
     clusterId,
     concurrency,
+    kubeApi: { qps, burst },
+    maxSshConnections: maxSsh,
     warnings: ignored.map((f) => `--${f} is accepted for kubebuilder compatibility and has no effect here`),
   };
 }

@@ -37,7 +37,7 @@ export class FakeHosts implements HostOps {
   readonly facts = new Map<string, HostFacts>();
 
   instance(host: string, name: string): FakeInstance | undefined {
-    return this.hosts.get(host)?.get(name);
+    return this.hosts.get(dnsName(host))?.get(name);
   }
 
   /** The exporter ends by itself (a lease ended, or it crashed); systemd leaves it down. */
@@ -104,7 +104,7 @@ export class FakeHosts implements HostOps {
   remove(target: SshTarget, name: string, uid?: string): Promise<void> {
     this.reach(target, `remove ${target.host} ${name}`);
     this.checkOwner(target, this.instance(target.host, name), uid);
-    this.hosts.get(target.host)?.delete(name);
+    this.hosts.get(dnsName(target.host))?.delete(name);
     return Promise.resolve();
   }
 
@@ -116,8 +116,8 @@ export class FakeHosts implements HostOps {
   }
 
   private on(host: string): Map<string, FakeInstance> {
-    let m = this.hosts.get(host);
-    if (!m) this.hosts.set(host, m = new Map());
+    let m = this.hosts.get(dnsName(host));
+    if (!m) this.hosts.set(dnsName(host), m = new Map());
     return m;
   }
 
@@ -141,6 +141,9 @@ export class FakeHosts implements HostOps {
     }
   }
 }
+
+/** A machine answers to its name in any case, as DNS resolves it. */
+const dnsName = (host: string) => host.toLowerCase();
 
 function inspected(i: FakeInstance): InspectedInstance {
   const r = i.rendered;

@@ -29,6 +29,11 @@ export interface SshTarget {
   /** known_hosts text; may be empty under AcceptNew. */
   knownHosts: string;
   hostKeyPolicy: HostKeyPolicy;
+  /**
+   * Where this caller's pins are recorded (the namespace of its pin Secret): a connection reused by another scope
+   * calls onHostKeyAccepted for that scope too, once.
+   */
+  pinScope?: string;
 }
 
 export interface ExecResult {
@@ -44,11 +49,12 @@ export interface ExecResult {
  * - hostkey: the host key is unknown (Strict), changed, or revoked. Fix known_hosts; retrying does not help.
  * - auth: the server refused the client key.
  * - connect: TCP/handshake failure or handshake timeout; host unreachable or sshd down.
- * - timeout: a command exceeded its time limit (the connection itself may be fine).
+ * - timeout: a command exceeded its time limit, waiting for a channel included (the connection itself may be fine).
+ * - output: a command printed more than maxOutputBytes on stdout or stderr, and was killed.
  * - key: the private key is unusable (checked before connecting).
  * - closed: the pool was closed, or the connection dropped while the command ran (it may or may not have run).
  */
-export type SshErrorKind = "hostkey" | "auth" | "connect" | "timeout" | "key" | "closed";
+export type SshErrorKind = "hostkey" | "auth" | "connect" | "timeout" | "output" | "key" | "closed";
 
 export class SshError extends Error {
   override name = "SshError";
@@ -75,8 +81,13 @@ export class SshError extends Error {
 export interface SshPoolOptions {
   /** Concurrent channels per connection; default 6, below OpenSSH's MaxSessions=10 so sshd never refuses one. */
   maxChannels?: number;
-  /** Default per-command limit, default 120000. */
+  /** Default per-command limit, default 120000; it covers the wait for a free channel on the connection too. */
   commandTimeoutMs?: number;
+  /**
+   * Bytes a command may print on stdout, and again on stderr, default 4 MiB (16 times the largest report seen). A
+   * compromised host or a runaway journal would otherwise fill the heap and take every other host down with it.
+   */
+  maxOutputBytes?: number;
   /** TCP connect + SSH handshake + authentication, default 20000. */
   connectTimeoutMs?: number;
   /** SSH-level keepalive interval, default 15000 (0 disables). */
@@ -94,6 +105,15 @@ export interface SshPoolOptions {
   onHostKeyAccepted?: (t: SshTarget, knownHostsLine: string, fingerprint: string) => Promise<void> | void;
   /** Called once per connection established (authenticated), for metrics. */
   onConnect?: (t: SshTarget) => void;
+  /** A connection with no command for this long is closed (default 600000; 0 keeps them): each holds a descriptor. */
+  idleCloseMs?: number;
+  /** Handshakes in progress at once, default 32: a rollout to 2000 hosts must not open 2000 sockets in one go. */
+  maxHandshakes?: number;
+  /**
+   * Connections open at once (default: no bound). At the bound the longest idle one is closed for a new one; with
+   * none idle, connecting fails, naming the bound: better than EMFILE, which would also fail the leader's Lease.
+   */
+  maxConnections?: number;
 }
 
 export interface SshPoolStats {
@@ -115,6 +135,13 @@ interface Conn {
   hostKey: Buffer;
   sem: Semaphore;
   alive: boolean;
+  /** performance.now() of the last command started or finished on it. */
+  lastUsed: number;
+  /**
+   * Pins made on reuse, by the caller's known_hosts and policy: a connection opened for one namespace and reused for
+   * another must still pin the key for the second (each namespace has its own pin Secret), once, not per command.
+   */
+  pins: Map<string, Promise<void>>;
 }
 
 interface Failure {
@@ -141,7 +168,11 @@ const CLOSE_GRACE_MS = 5_000;
 
 const DEFAULTS = {
   maxChannels: 6,
+  idleCloseMs: 600_000,
+  maxHandshakes: 32,
+  maxConnections: Infinity,
   commandTimeoutMs: 120_000,
+  maxOutputBytes: 4 * 1024 * 1024,
   connectTimeoutMs: 20_000,
   keepaliveIntervalMs: 15_000,
   keepaliveCountMax: 3,
@@ -159,6 +190,8 @@ export class SshPool {
   readonly #keyInfo = new Map<string, { fingerprint: string; type: string } | string>();
   #closed = false;
   #stats = { connectionsOpened: 0, commands: 0, channelRetries: 0 };
+  #handshakes: Semaphore;
+  #lastSweep = performance.now();
 
   constructor(opts: SshPoolOptions = {}) {
     const o = { ...DEFAULTS };
@@ -170,6 +203,9 @@ export class SshPool {
       }
     }
     if (o.maxChannels < 1) throw new RangeError("SshPoolOptions.maxChannels must be >= 1");
+    if (o.maxHandshakes < 1) throw new RangeError("SshPoolOptions.maxHandshakes must be >= 1");
+    if (o.maxConnections < 1) throw new RangeError("SshPoolOptions.maxConnections must be >= 1");
+    this.#handshakes = new Semaphore(o.maxHandshakes);
     this.#opts = { ...o, onHostKeyAccepted: opts.onHostKeyAccepted, onConnect: opts.onConnect };
   }
 
@@ -181,6 +217,8 @@ export class SshPool {
   ): Promise<ExecResult> {
     validateTarget(target);
     const timeoutMs = opts.timeoutMs ?? this.#opts.commandTimeoutMs;
+    // One deadline for waiting on a channel slot and running: a wedged host must not park callers without bound.
+    const deadline = performance.now() + timeoutMs;
     // Retries only happen when the channel was never opened: a command that may have run is never repeated.
     let reconnects = 0;
     let refusals = 0;
@@ -188,7 +226,16 @@ export class SshPool {
       this.#throwIfClosed(target);
       if (opts.signal?.aborted) throw abortedError(target, opts.signal);
       const conn = await this.#connection(target);
-      await conn.sem.acquire();
+      if (!(await conn.sem.acquire(deadline - performance.now(), opts.signal))) {
+        if (opts.signal?.aborted) throw abortedError(target, opts.signal);
+        throw new SshError(
+          "timeout",
+          target,
+          `ssh ${conn.label}: no free channel within ${timeoutMs}ms: all ${this.#opts.maxChannels} are busy with ` +
+            `commands that have not finished (is the host's systemd or podman hanging?); the command was not run`,
+        );
+      }
+      conn.lastUsed = performance.now();
       if (opts.signal?.aborted) {
         conn.sem.release();
         throw abortedError(target, opts.signal);
@@ -199,7 +246,8 @@ export class SshPool {
         throw closedError(target, "connection dropped before the command could start");
       }
       try {
-        return await this.#run(conn, target, command, opts.stdin, timeoutMs, opts.signal);
+        const left = Math.max(0, Math.round(deadline - performance.now()));
+        return await this.#run(conn, target, command, opts.stdin, left, timeoutMs, opts.signal);
       } catch (e) {
         if (e instanceof NotStarted) {
           if (reconnects++ === 0) continue;
@@ -276,12 +324,42 @@ export class SshPool {
     return info;
   }
 
+  /**
+   * Closes connections idle past idleCloseMs and forgets connect failures long past their backoff; run from
+   * #connection at most once a minute, so a pool without traffic holds no timer.
+   */
+  #sweepIdle(): void {
+    const now = performance.now();
+    if (now - this.#lastSweep < Math.min(60_000, this.#opts.idleCloseMs || 60_000)) return;
+    this.#lastSweep = now;
+    if (this.#opts.idleCloseMs > 0) {
+      for (const c of [...this.#conns.values()]) {
+        if (c.sem.idle() && now - c.lastUsed > this.#opts.idleCloseMs) this.#drop(c);
+      }
+    }
+    for (const [k, f] of this.#failures) if (Date.now() - f.retryAt > this.#opts.backoffMaxMs) this.#failures.delete(k);
+  }
+
+  /** Room for one more connection under maxConnections: the longest idle one goes, or the connect fails. */
+  #makeRoom(target: SshTarget): void {
+    if (this.#conns.size + this.#connecting.size < this.#opts.maxConnections) return;
+    const idle = [...this.#conns.values()].filter((c) => c.sem.idle()).sort((a, b) => a.lastUsed - b.lastUsed);
+    if (idle[0]) return this.#drop(idle[0]);
+    throw new SshError(
+      "connect",
+      target,
+      `ssh ${label(target)}: ${this.#opts.maxConnections} SSH connections are open and busy, the most the file ` +
+        `descriptor budget allows (maxConnections, --max-ssh-connections); raise it with the nofile limit`,
+    );
+  }
+
   async #connection(target: SshTarget): Promise<Conn> {
     const key = this.#checkKey(target);
+    this.#sweepIdle();
     const poolKey = `${target.user}@${hostPort(target)}/${target.address ?? ""}#${key.fingerprint}`;
     const existing = this.#conns.get(poolKey);
     if (existing?.alive) {
-      this.#recheckHostKey(existing, target);
+      await this.#recheckHostKey(existing, target);
       return existing;
     }
     let pending = this.#connecting.get(poolKey);
@@ -298,7 +376,8 @@ export class SshPool {
           { cause: failure.error, retryAt: failure.retryAt },
         );
       }
-      pending = this.#connect(target, poolKey, key).then(
+      this.#makeRoom(target);
+      pending = this.#handshake(target, poolKey, key).then(
         (conn) => {
           this.#failures.delete(poolKey);
           return conn;
@@ -316,13 +395,24 @@ export class SshPool {
     }
     const conn = await pending;
     // A concurrent caller may have different known_hosts than the one whose connect we shared.
-    this.#recheckHostKey(conn, target);
+    await this.#recheckHostKey(conn, target);
     return conn;
   }
 
-  #recheckHostKey(conn: Conn, target: SshTarget): void {
+  async #recheckHostKey(conn: Conn, target: SshTarget): Promise<void> {
     const verdict = checkHostKey(target.knownHosts, target.host, target.port, conn.hostKey);
-    if (verdict.status === "match" || (verdict.status === "unknown" && target.hostKeyPolicy === "AcceptNew")) return;
+    if (verdict.status === "match") return;
+    if (verdict.status === "unknown" && target.hostKeyPolicy === "AcceptNew") {
+      // First use for this caller (another namespace, or a pin not yet in its cache): pin as a new connection would.
+      const key = pinKey(target);
+      let pin = conn.pins.get(key);
+      if (!pin) {
+        pin = this.#pin(target, conn.hostKey, verdict.fingerprint);
+        conn.pins.set(key, pin);
+        pin.catch(() => conn.pins.delete(key));
+      }
+      return await pin;
+    }
     // known_hosts now says this key is wrong (revoked or replaced in the Secret): nobody should keep using it. A mere
     // "unknown" only concerns this caller, and every exec is checked against its own known_hosts anyway.
     if (verdict.status !== "unknown") this.#drop(conn);
@@ -336,13 +426,37 @@ export class SshPool {
     conn.client.end();
   }
 
-  #connect(target: SshTarget, poolKey: string, key: { fingerprint: string; type: string }): Promise<Conn> {
+  /** #connect within maxHandshakes; the wait for a turn counts in connectTimeoutMs. */
+  async #handshake(target: SshTarget, poolKey: string, key: { fingerprint: string; type: string }): Promise<Conn> {
+    const t0 = performance.now();
+    if (!(await this.#handshakes.acquire(this.#opts.connectTimeoutMs))) {
+      throw new SshError(
+        "connect",
+        target,
+        `ssh ${label(target)}: no turn to connect within ${this.#opts.connectTimeoutMs}ms: ` +
+          `${this.#opts.maxHandshakes} SSH handshakes are in progress (maxHandshakes)`,
+      );
+    }
+    try {
+      return await this.#connect(target, poolKey, key, this.#opts.connectTimeoutMs - (performance.now() - t0));
+    } finally {
+      this.#handshakes.release();
+    }
+  }
+
+  #connect(
+    target: SshTarget,
+    poolKey: string,
+    key: { fingerprint: string; type: string },
+    timeoutMs: number,
+  ): Promise<Conn> {
     if (this.#closed) return Promise.reject(closedError(target, "the SSH pool is closed"));
     const client = new Client();
     let closeResolve!: () => void;
     this.#clients.set(client, new Promise<void>((r) => (closeResolve = r)));
     let hostKeyFailure: SshError | undefined;
     let presented: Buffer | undefined;
+    let pinned = false;
 
     const knownTypes = lookup(target.knownHosts, target.host, target.port).keys.map((k) => k.type);
     const config: ConnectConfig = {
@@ -351,7 +465,7 @@ export class SshPool {
       username: target.user,
       privateKey: target.privateKey,
       authHandler: ["publickey"],
-      readyTimeout: this.#opts.connectTimeoutMs,
+      readyTimeout: Math.max(1, Math.round(timeoutMs)),
       keepaliveInterval: this.#opts.keepaliveIntervalMs,
       keepaliveCountMax: this.#opts.keepaliveCountMax,
       algorithms: { serverHostKey: hostKeyAlgorithms(knownTypes) },
@@ -367,20 +481,13 @@ export class SshPool {
           verify(false);
           return;
         }
-        const line = knownHostsLine(target.host, target.port, presented);
-        Promise.resolve()
-          .then(() => this.#opts.onHostKeyAccepted?.(target, line, verdict.fingerprint))
-          .then(() => verify(true), (e: unknown) => {
-            // The recorder may know better than our known_hosts (a key pinned meanwhile): its refusal stands as it is.
-            hostKeyFailure = e instanceof SshError && e.kind === "hostkey" ? e : new SshError(
-              "hostkey",
-              target,
-              `ssh ${hostPort(target)}: new host key ${verdict.fingerprint} was not trusted because recording it ` +
-                `failed: ${errorMessage(e)}`,
-              { cause: e },
-            );
-            verify(false);
-          });
+        this.#pin(target, presented, verdict.fingerprint).then(() => {
+          pinned = true;
+          verify(true);
+        }, (e: SshError) => {
+          hostKeyFailure = e;
+          verify(false);
+        });
       },
     };
 
@@ -408,6 +515,9 @@ export class SshPool {
           hostKey: presented!,
           sem: new Semaphore(this.#opts.maxChannels),
           alive: true,
+          lastUsed: performance.now(),
+          // the caller whose handshake pinned the key is done with it
+          pins: new Map(pinned ? [[pinKey(target), Promise.resolve()]] : []),
         };
         this.#stats.connectionsOpened++;
         this.#opts.onConnect?.(target);
@@ -442,6 +552,23 @@ export class SshPool {
     });
   }
 
+  /** Records a first-use host key through onHostKeyAccepted; a failure is a hostkey SshError (nothing may run). */
+  async #pin(target: SshTarget, key: Buffer, fingerprint: string): Promise<void> {
+    try {
+      await this.#opts.onHostKeyAccepted?.(target, knownHostsLine(target.host, target.port, key), fingerprint);
+    } catch (e) {
+      // The recorder may know better than our known_hosts (a key pinned meanwhile): its refusal stands as it is.
+      if (e instanceof SshError && e.kind === "hostkey") throw e;
+      throw new SshError(
+        "hostkey",
+        target,
+        `ssh ${hostPort(target)}: new host key ${fingerprint} was not trusted because recording it failed: ` +
+          errorMessage(e),
+        { cause: e },
+      );
+    }
+  }
+
   #markDead(conn: Conn): void {
     if (!conn.alive) return;
     conn.alive = false;
@@ -454,6 +581,7 @@ export class SshPool {
     target: SshTarget,
     command: string,
     stdin: string | undefined,
+    leftMs: number,
     timeoutMs: number,
     signal: AbortSignal | undefined,
   ) {
@@ -467,6 +595,7 @@ export class SshPool {
         clearTimeout(graceTimer);
         if (!released) {
           released = true;
+          conn.lastUsed = performance.now();
           conn.sem.release();
         }
       };
@@ -474,17 +603,17 @@ export class SshPool {
         if (settled) return;
         settled = true;
         clearTimeout(timer);
-        signal?.removeEventListener("abort", abandon);
+        signal?.removeEventListener("abort", onAbort);
         f();
       };
-      const abandon = () => {
+      const abandon = (why?: SshError) => {
         settle(() =>
           reject(
-            signal?.aborted ? abortedError(target, signal) : new SshError(
+            why ?? (signal?.aborted ? abortedError(target, signal) : new SshError(
               "timeout",
               target,
-              `ssh ${conn.label}: command timed out after ${timeoutMs}ms and was killed`,
-            ),
+              `ssh ${conn.label}: command timed out after ${timeoutMs}ms (channel wait included) and was killed`,
+            )),
           )
         );
         if (channel) killChannel(channel);
@@ -497,8 +626,9 @@ export class SshPool {
         }, CLOSE_GRACE_MS);
       };
       // The limit covers opening the channel too: a wedged server must not hold the caller forever.
-      const timer = setTimeout(abandon, timeoutMs);
-      signal?.addEventListener("abort", abandon, { once: true });
+      const timer = setTimeout(abandon, leftMs);
+      const onAbort = () => abandon();
+      signal?.addEventListener("abort", onAbort, { once: true });
 
       const onChannel = (err: Error | undefined, ch: ClientChannel) => {
         if (err) {
@@ -521,9 +651,24 @@ export class SshPool {
         this.#stats.commands++;
         const out: Buffer[] = [];
         const errOut: Buffer[] = [];
+        const size = { stdout: 0, stderr: 0 };
+        const max = this.#opts.maxOutputBytes;
+        const collect = (into: Buffer[], stream: "stdout" | "stderr") => (d: Buffer) => {
+          if (settled) return;
+          size[stream] += d.length;
+          if (size[stream] <= max) return void into.push(d);
+          abandon(
+            new SshError(
+              "output",
+              target,
+              `ssh ${conn.label}: the command printed more than ${max} bytes on ${stream} and was killed ` +
+                `(maxOutputBytes); look on the host for what floods it (a journal, a listing)`,
+            ),
+          );
+        };
         let exit: { code: number | null; signal?: string } | undefined;
-        ch.on("data", (d: Buffer) => out.push(d));
-        ch.stderr.on("data", (d: Buffer) => errOut.push(d));
+        ch.on("data", collect(out, "stdout"));
+        ch.stderr.on("data", collect(errOut, "stderr"));
         ch.on("exit", (code: number | null, signal?: string) => (exit = { code, signal }));
         ch.on("close", () => {
           release();
@@ -676,7 +821,8 @@ function connectError(
     );
   }
   const detail = err.code ? `${err.code}: ${err.message}` : err.message;
-  return new SshError("connect", target, `ssh ${where}: cannot connect: ${detail}`, { cause: err });
+  const fix = err.code === "EMFILE" ? "; the process is out of file descriptors: lower --max-ssh-connections" : "";
+  return new SshError("connect", target, `ssh ${where}: cannot connect: ${detail}${fix}`, { cause: err });
 }
 
 function closedError(target: SshTarget, why: string): SshError {
@@ -702,6 +848,9 @@ function label(t: SshTarget): string {
   const via = t.address && t.address !== t.host ? ` (via ${t.address})` : "";
   return `${t.user}@${hostPort(t)}${via}`;
 }
+
+/** One pin per scope and known_hosts: the same text in another namespace is that namespace's first use. */
+const pinKey = (t: SshTarget) => `${t.pinScope ?? ""}\0${hashConfig(t)}`;
 
 function hashConfig(t: SshTarget): string {
   return createHash("sha256").update(t.hostKeyPolicy).update("\0").update(t.knownHosts).digest("base64");
@@ -731,19 +880,43 @@ const SIGNAL_NUMBERS: Record<string, number> = {
   TERM: 15,
 };
 
-/** FIFO counting semaphore; fail() wakes all waiters so they can notice a dead connection and reconnect. */
+/**
+ * FIFO counting semaphore; fail() wakes all waiters so they can notice a dead connection and reconnect. A wait ends
+ * without a slot (false) after `ms` or on `signal` (the fence).
+ */
 class Semaphore {
   #free: number;
+  readonly #n: number;
   #waiters: (() => void)[] = [];
   constructor(n: number) {
-    this.#free = n;
+    this.#free = this.#n = n;
   }
-  acquire(): Promise<void> {
+  acquire(ms: number, signal?: AbortSignal): Promise<boolean> {
     if (this.#free > 0) {
       this.#free--;
-      return Promise.resolve();
+      return Promise.resolve(true);
     }
-    return new Promise((r) => this.#waiters.push(r));
+    if (ms <= 0 || signal?.aborted) return Promise.resolve(false);
+    return new Promise((resolve) => {
+      const give = () => {
+        clearTimeout(timer);
+        signal?.removeEventListener("abort", giveUp);
+        resolve(true);
+      };
+      const giveUp = () => {
+        clearTimeout(timer);
+        signal?.removeEventListener("abort", giveUp);
+        this.#waiters = this.#waiters.filter((w) => w !== give);
+        resolve(false);
+      };
+      const timer = setTimeout(giveUp, ms);
+      signal?.addEventListener("abort", giveUp, { once: true });
+      this.#waiters.push(give);
+    });
+  }
+  /** No slot taken and nobody waiting. */
+  idle(): boolean {
+    return this.#free === this.#n && this.#waiters.length === 0;
   }
   release(): void {
     const next = this.#waiters.shift();

@@ -152,6 +152,33 @@ Deno.test("ssh: concurrent callers share one connect attempt; handshake timeout 
   }
 });
 
+Deno.test("ssh: handshakes beyond maxHandshakes wait their turn, inside the connect timeout (M14)", async () => {
+  const listener = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const accepted: Deno.Conn[] = [];
+  const acceptLoop = (async () => {
+    for await (const c of listener) accepted.push(c);
+  })();
+  const pool = new SshPool({ connectTimeoutMs: 400, maxHandshakes: 1 });
+  try {
+    const port = (listener.addr as Deno.NetAddr).port;
+    // three pool keys (users), one host that never speaks SSH: one handshake at a time, the others wait for a turn
+    const errors = await Promise.all(
+      ["a", "b", "c"].map((user) => rejection(pool.exec(localTarget(port, { user }), "true"))),
+    );
+    assert.equal(accepted.length, 1, "one socket at a time: the waiting ones gave up before their turn");
+    assert.match(errors[0].message, /no SSH handshake within/);
+    for (const e of errors.slice(1)) {
+      assert.equal(e.kind, "connect");
+      assert.match(e.message, /no turn to connect within 400ms: 1 SSH handshakes are in progress \(maxHandshakes\)/);
+    }
+  } finally {
+    await pool.close();
+    listener.close();
+    await acceptLoop.catch(() => {});
+    for (const c of accepted) c.close();
+  }
+});
+
 Deno.test("ssh: close() during a connect attempt returns promptly and fails the caller as closed", async () => {
   const listener = Deno.listen({ hostname: "127.0.0.1", port: 0 });
   const accepted: Deno.Conn[] = [];
@@ -378,6 +405,44 @@ Deno.test({
         await strict.close();
       });
 
+      await t.step(
+        "a pooled connection reused with another caller's known_hosts pins for that caller too (M9)",
+        async () => {
+          // Two namespaces, one key: the pool key is the same, but each namespace has its own pin Secret.
+          const pinned: { ns: string; fp: string }[] = [];
+          let fail = false;
+          const p = newPool({
+            onHostKeyAccepted: (t, _line, fp) => {
+              if (fail) throw new Error("API server unavailable");
+              pinned.push({ ns: t.pinScope!, fp });
+            },
+          });
+          const tofu = (ns: string) => ({
+            ...target,
+            knownHosts: "",
+            hostKeyPolicy: "AcceptNew" as const,
+            pinScope: ns,
+          });
+          assert.equal((await p.exec(tofu("a"), "echo a")).stdout, "a\n");
+          const b = await Promise.all([1, 2, 3].map(() => p.exec(tofu("b"), "echo b")));
+          assert.deepEqual(b.map((r) => r.stdout), ["b\n", "b\n", "b\n"]);
+          assert.deepEqual(pinned, [{ ns: "a", fp: hostFp }, { ns: "b", fp: hostFp }], "b pinned once, on reuse");
+          assert.equal(p.stats().connectionsOpened, 1, "the connection was reused");
+          // A pin that cannot be recorded runs nothing for that caller, and is tried again next time.
+          fail = true;
+          const other = { ...tofu("c"), knownHosts: "# c's own\n" };
+          const e = await rejection(p.exec(other, "echo never"));
+          assert.equal(e.kind, "hostkey");
+          assert.match(e.message, /not trusted because recording it failed: API server unavailable/);
+          fail = false;
+          assert.equal((await p.exec(other, "echo c")).stdout, "c\n");
+          // The same known_hosts text in another namespace is still that namespace's first use.
+          assert.equal((await p.exec(tofu("d"), "echo d")).stdout, "d\n");
+          assert.deepEqual(pinned.map((x) => x.ns), ["a", "b", "c", "d"]);
+          await p.close();
+        },
+      );
+
       await t.step("AcceptNew does not trust the host when recording the key fails", async () => {
         const p = newPool({
           onHostKeyAccepted: () => {
@@ -446,6 +511,67 @@ Deno.test({
         const next = await pool.exec(target, "pgrep -f 'sleep 3[0]' || echo none");
         assert.equal(next.stdout, "none\n", "the timed-out process was killed on the host");
         assert.equal(pool.stats().connectionsOpened, opened, "same connection");
+      });
+
+      await t.step("the wait for a channel is inside the command's limit, and the fence ends it (M1)", async () => {
+        const p = newPool({ maxChannels: 1 });
+        await p.exec(target, "true");
+        const stopHog = new AbortController();
+        // callers take the slot in the order they came: the hog holds the only one from here on
+        const hog = rejection(p.exec(target, "sleep 60", { signal: stopHog.signal }));
+        const waited = await rejection(p.exec(target, "echo late", { timeoutMs: 300 }));
+        assert.equal(waited.kind, "timeout");
+        assert.match(waited.message, /no free channel within 300ms: all 1 are busy.*not run/);
+        const fence = new AbortController();
+        const parked = rejection(p.exec(target, "echo fenced", { signal: fence.signal }));
+        fence.abort(new Error("leadership lost"));
+        const fenced = await parked;
+        assert.equal(fenced.kind, "closed");
+        assert.match(fenced.message, /leadership lost/);
+        stopHog.abort(new Error("done"));
+        assert.equal((await hog).kind, "closed");
+        assert.equal((await p.exec(target, "echo free")).stdout, "free\n", "the slot comes back once the hog is gone");
+        await p.close();
+      });
+
+      await t.step(
+        "output beyond maxOutputBytes kills the command with kind output; the connection stays (M5)",
+        async () => {
+          const p = newPool({ maxOutputBytes: 1024 * 1024 });
+          const e = await rejection(p.exec(target, "head -c 3000000 /dev/zero | tr '\\0' x; sleep 30"));
+          assert.equal(e.kind, "output");
+          assert.match(e.message, /more than 1048576 bytes on stdout and was killed \(maxOutputBytes\)/);
+          const flood = await rejection(p.exec(target, "head -c 2000000 /dev/zero >&2"));
+          assert.match(flood.message, /on stderr/);
+          assert.equal((await p.exec(target, "echo free")).stdout, "free\n");
+          assert.equal(p.stats().connectionsOpened, 1, "same connection");
+          await p.close();
+        },
+      );
+
+      await t.step("idle connections are closed; at maxConnections the longest idle one makes room (M14)", async () => {
+        const idle = newPool({ idleCloseMs: 300 });
+        await idle.exec(target, "true");
+        await new Promise((r) => setTimeout(r, 400)); // longer than idleCloseMs: that is what is tested
+        await idle.exec(target, "true");
+        assert.equal(idle.stats().connectionsOpened, 2, "the idle connection was closed, a new one opened");
+        assert.equal(idle.stats().open, 1);
+        await idle.close();
+
+        const p = newPool({ maxConnections: 1 });
+        const viaAddress = { ...target, address: host.address }; // another pool key to the same host
+        await p.exec(target, "true");
+        await p.exec(viaAddress, "true");
+        assert.deepEqual([p.stats().open, p.stats().connectionsOpened], [1, 2], "the idle one made room");
+        const stop = new AbortController();
+        const busy = rejection(p.exec(viaAddress, "sleep 60", { signal: stop.signal }));
+        await p.exec(viaAddress, "true"); // queued behind it: once this ran, the sleep holds its channel
+        const e = await rejection(p.exec(target, "true"));
+        assert.equal(e.kind, "connect");
+        assert.match(e.message, /1 SSH connections are open and busy.*--max-ssh-connections/);
+        stop.abort(new Error("done"));
+        await busy;
+        await p.close();
       });
 
       await t.step("after sshd restarts and drops sessions, the pool reconnects", async () => {

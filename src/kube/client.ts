@@ -15,6 +15,8 @@ import net from "node:net";
 import tls from "node:tls";
 import type { Duplex } from "node:stream";
 import type { KubeObject } from "../api/types.ts";
+import { abortableSleep } from "./backoff.ts";
+import { type Attempt, DEFAULT_BURST, DEFAULT_QPS, retryDelay, TokenBucket } from "./flowcontrol.ts";
 import {
   type KubeconfigConnection,
   KubeconfigError,
@@ -48,6 +50,8 @@ export class KubeError extends Error {
     readonly status: number,
     readonly reason: string,
     message: string,
+    /** The response's Retry-After header, when it had one. */
+    readonly retryAfter?: string,
   ) {
     super(message);
     this.name = "KubeError";
@@ -80,6 +84,21 @@ export interface ClientOptions {
   env?: (name: string) => string | undefined;
   /** The in-cluster service account directory (tests); default /var/run/secrets/kubernetes.io/serviceaccount. */
   serviceAccountDir?: string;
+  /** Requests a second, sustained (client-go's QPS; default DEFAULT_QPS of flowcontrol.ts); <= 0: no limit. */
+  qps?: number;
+  /** Requests allowed at once above the sustained rate (client-go's Burst; default DEFAULT_BURST). */
+  burst?: number;
+  /** Told of each retry before its wait: for a debug log, and for tests to see Retry-After honoured. */
+  onRetry?: (retry: RetryInfo) => void;
+}
+
+export interface RetryInfo {
+  method: string;
+  path: string;
+  /** The HTTP status, or the connect error's code. */
+  cause: number | string;
+  retryAfter?: string;
+  waitMs: number;
 }
 
 /** Where the client's configuration came from, for messages. */
@@ -157,6 +176,10 @@ export class KubeClient implements KubeApi {
   requests = 0;
   /** The same by "METHOD resource" (plural, with a subresource: "PATCH exportersets/status"), for the metrics. */
   readonly requestsByCall = new Map<string, number>();
+  /** Attempts sent again after a 429, a 5xx or a lost connection (see flowcontrol.ts), for the metrics. */
+  retries = 0;
+  /** Once aborted, failed attempts are no longer retried (a fenced ex-leader's writes must not go out late). */
+  private retryFence?: AbortSignal;
 
   private constructor(
     readonly server: string,
@@ -164,6 +187,8 @@ export class KubeClient implements KubeApi {
     private readonly transport: Transport,
     private readonly credentials: Credentials,
     private readonly requestTimeoutMs: number,
+    private readonly limiter: TokenBucket,
+    private readonly onRetry?: (retry: RetryInfo) => void,
   ) {}
 
   /**
@@ -204,7 +229,14 @@ export class KubeClient implements KubeApi {
       proxy: proxy ? new URL(proxy) : undefined,
       connectTimeoutMs: opts.connectTimeoutMs ?? 10_000,
     });
-    return new KubeClient(conn.server, source, transport, credentials, opts.requestTimeoutMs ?? 30_000);
+    const limiter = new TokenBucket(opts.qps ?? DEFAULT_QPS, opts.burst ?? DEFAULT_BURST);
+    const timeout = opts.requestTimeoutMs ?? 30_000;
+    return new KubeClient(conn.server, source, transport, credentials, timeout, limiter, opts.onRetry);
+  }
+
+  /** Stops retries once `fence` aborts; attempts already sent finish as they would. */
+  fenceRetries(fence: AbortSignal): void {
+    this.retryFence = fence;
   }
 
   close(): void {
@@ -226,8 +258,10 @@ export class KubeClient implements KubeApi {
     return u;
   }
 
-  /** One raw request with no deadline (watches); its `signal` is the only way to end it. */
+  /** One raw request with no deadline (watches); its `signal` is the only way to end it. Waits on the rate limit. */
   async fetch(method: string, path: string, opts: RequestOptions = {}): Promise<Response> {
+    await this.limiter.take(opts.signal);
+    opts.signal?.throwIfAborted();
     this.requests++;
     const call = `${method} ${resourceOfPath(path)}`;
     this.requestsByCall.set(call, (this.requestsByCall.get(call) ?? 0) + 1);
@@ -240,8 +274,36 @@ export class KubeClient implements KubeApi {
     return res;
   }
 
-  /** One request and its JSON response, bounded by the request timeout. */
+  /**
+   * One request and its JSON response, each attempt bounded by the request timeout. A 429, a 5xx or a lost connection
+   * is tried again where flowcontrol.ts's retryDelay says it is safe, after the server's Retry-After or a back-off.
+   */
   async request<T>(method: string, path: string, opts: RequestOptions = {}): Promise<T> {
+    for (let retries = 0;; retries++) {
+      try {
+        return await this.attempt<T>(method, path, opts);
+      } catch (e) {
+        const attempt = attemptOf(e);
+        const wait = attempt && retryDelay(method, retries, attempt);
+        if (attempt === undefined || wait === undefined || opts.signal?.aborted || this.retryFence?.aborted) throw e;
+        this.retries++;
+        this.onRetry?.({
+          method,
+          path,
+          cause: "status" in attempt ? attempt.status : attempt.connectError,
+          retryAfter: "status" in attempt ? attempt.retryAfter ?? undefined : undefined,
+          waitMs: wait,
+        });
+        const stop = this.retryFence
+          ? AbortSignal.any([this.retryFence, ...opts.signal ? [opts.signal] : []])
+          : opts.signal;
+        await abortableSleep(wait, stop);
+        if (stop?.aborted) throw e;
+      }
+    }
+  }
+
+  private async attempt<T>(method: string, path: string, opts: RequestOptions): Promise<T> {
     const ms = opts.timeoutMs ?? this.requestTimeoutMs;
     const deadline = new AbortController();
     const timer = setTimeout(
@@ -351,6 +413,13 @@ export class KubeClient implements KubeApi {
   }
 }
 
+/** A failure retryDelay can judge: an HTTP error status, or no connection at all. */
+function attemptOf(e: unknown): Attempt | undefined {
+  if (e instanceof KubeError) return { status: e.status, retryAfter: e.retryAfter };
+  if (e instanceof KubeConnectError && !e.tls) return { connectError: e.code };
+  return undefined;
+}
+
 function withKind<T extends KubeObject>(r: Resource, obj: T): T {
   return { ...obj, apiVersion: r.group ? `${r.group}/${r.version}` : r.version, kind: r.kind };
 }
@@ -366,7 +435,8 @@ async function errorOf(res: Response, method: string, path: string): Promise<Kub
   } catch {
     // not a Status object: keep the raw text
   }
-  return new KubeError(res.status, reason, `${method} ${path}: ${res.status} ${reason}: ${message}`);
+  const retryAfter = res.headers.get("retry-after") ?? undefined;
+  return new KubeError(res.status, reason, `${method} ${path}: ${res.status} ${reason}: ${message}`, retryAfter);
 }
 
 // ---------------------------------------------------------------- configuration

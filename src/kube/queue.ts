@@ -1,9 +1,23 @@
 /**
  * A keyed work queue with the discipline of client-go's: a key is queued at most once, processed by at most one
- * worker at a time (an add during processing re-runs it afterwards), failures retry with per-key exponential
- * backoff, and `shutdown` waits for in-flight work to finish.
+ * worker at a time (an add during processing re-runs it afterwards), failures retry after the longer of a per-key
+ * exponential backoff and an overall token bucket (client-go's DefaultControllerRateLimiter: MaxOf(exponential,
+ * bucket of 10 qps, burst 100)), and `shutdown` waits for in-flight work to finish.
  */
 import { backoffDelay } from "./backoff.ts";
+import { TokenBucket } from "./flowcontrol.ts";
+
+/**
+ * First retry of a failed key. client-go starts at 5 ms, which here re-runs a whole reconcile (SSH round trips, API
+ * writes) at once into the same failure. 250 ms still catches the common quick case, a 409 Conflict that the watch
+ * resolves within tens of ms, and doubles to the cap in 11 failures.
+ */
+export const RETRY_BASE_MS = 250;
+/** The backoff's cap: the default resync, after which the key is due again anyway. */
+export const RETRY_MAX_MS = 300_000;
+/** Retries of all keys together, a second and at once: many keys failing at once (an API outage) are spread out. */
+export const RETRY_QPS = 10;
+export const RETRY_BURST = 100;
 
 export interface Outcome {
   /** Run again after this long even if nothing changes (e.g. a cooldown ends or a resync is due). */
@@ -18,6 +32,9 @@ export interface QueueOptions {
   onDone?: (key: string, ms: number, ok: boolean) => void;
   baseDelayMs?: number;
   maxDelayMs?: number;
+  /** The overall retry bucket (tests); qps <= 0 disables it. */
+  retryQps?: number;
+  retryBurst?: number;
 }
 
 export class WorkQueue {
@@ -27,10 +44,13 @@ export class WorkQueue {
   private readonly failures = new Map<string, number>();
   private readonly timers = new Map<string, { at: number; id: ReturnType<typeof setTimeout> }>();
   private readonly waiters: (() => void)[] = [];
+  private readonly retryBucket: TokenBucket;
   private stopping = false;
   private workers: Promise<void>[] = [];
 
-  constructor(private readonly opts: QueueOptions) {}
+  constructor(private readonly opts: QueueOptions) {
+    this.retryBucket = new TokenBucket(opts.retryQps ?? RETRY_QPS, opts.retryBurst ?? RETRY_BURST);
+  }
 
   add(key: string): void {
     if (this.stopping || this.dirty.has(key)) return;
@@ -96,7 +116,11 @@ export class WorkQueue {
         ok = false;
         const n = (this.failures.get(key) ?? 0) + 1;
         this.failures.set(key, n);
-        retryIn = backoffDelay(n, { initialMs: this.opts.baseDelayMs ?? 5, maxMs: this.opts.maxDelayMs ?? 1_000_000 });
+        const backoff = {
+          initialMs: this.opts.baseDelayMs ?? RETRY_BASE_MS,
+          maxMs: this.opts.maxDelayMs ?? RETRY_MAX_MS,
+        };
+        retryIn = Math.max(backoffDelay(n, backoff), this.retryBucket.reserve());
         this.opts.onError?.(key, e, retryIn);
       }
       this.opts.onDone?.(key, performance.now() - started, ok);

@@ -49,6 +49,24 @@ Deno.test("queue: failures retry with growing backoff, success forgets them", as
   assert.ok(gaps[0] >= 4 && gaps[2] >= 19, `gaps grow: ${gaps}`);
 });
 
+Deno.test("queue: the first retry is not immediate, and many failing keys share an overall retry bucket", async () => {
+  const retries = new Map<string, number>();
+  const q = new WorkQueue({
+    concurrency: 4,
+    retryQps: 1,
+    retryBurst: 2,
+    process: (key) => Promise.reject(new Error(`fail ${key}`)),
+    onError: (key, _e, retryIn) => retries.set(key, retryIn),
+  });
+  q.start();
+  for (const k of ["a", "b", "c"]) q.add(k);
+  while (retries.size < 3) await tick(1);
+  await q.shutdown();
+  const waits = [...retries.values()].sort((x, y) => x - y);
+  assert.ok(waits[0] >= 125, `first retry after half the 250 ms base at least: ${waits}`);
+  assert.ok(waits[2] > 500, `the third key waits for the bucket's token (1 qps): ${waits}`);
+});
+
 Deno.test("queue: requeueAfter and addAfter keep the earliest deadline; shutdown drains in-flight work", async () => {
   const seen: number[] = [];
   let finished = false;

@@ -76,6 +76,7 @@ export function sshTarget(
       // Pins count only under AcceptNew: Strict means exactly what the user gave.
       knownHosts: policy === "AcceptNew" ? `${given}\n${pins}` : given,
       hostKeyPolicy: policy,
+      pinScope: ns,
     },
   };
 }

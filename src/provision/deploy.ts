@@ -17,7 +17,7 @@ import { HOST_ANNOTATION, RECLAIM_ANNOTATION, wasDeployed } from "./marks.ts";
 import { applyFailureReason, applyFailureText, errorText } from "./problems.ts";
 import type { Problem, Waits } from "./status.ts";
 import { withDefaults } from "./plan.ts";
-import { parseTarget, TARGET_ANNOTATION, targetString } from "./targets.ts";
+import { parseTarget, sameHost, TARGET_ANNOTATION, targetString } from "./targets.ts";
 import { annotate, replaceLeftBehind } from "./writes.ts";
 
 const DEFAULT_CA_CONFIGMAP = { name: "jumpstarter-service-ca-cert", key: "ca.crt" };
@@ -116,8 +116,9 @@ async function deploy(
   const leases = ctx.caches.leases.list(ns);
   const holder = leaseHolding(e, leases);
   const lease = leaseState(e, leases);
-  if (previous && previous !== where) {
-    const from = parseTarget(previous, target);
+  const from = previous ? parseTarget(previous, target) : undefined;
+  // A cosmetic change (Lab1 to lab1., root to ops) is the same host: re-applied there, never removed and re-created.
+  if (previous && from && previous !== where && !sameHost(from, target)) {
     // A leased instance is not moved; one whose lease ended is about to be replaced (ExitAndReplace), not moved.
     const replaced = lease === "ended" && withDefaults(set.spec).recycleStrategy === "ExitAndReplace";
     if (holder || replaced) {
@@ -147,8 +148,9 @@ async function deploy(
     controller: ctx.identity,
   });
   const render = (facts: Parameters<typeof renderInstance>[1]) => renderInstance(instance, facts);
-  const hashOf = (r: RenderedInstance) =>
-    createHash("sha256").update(JSON.stringify(r)).update(JSON.stringify(target)).digest("hex");
+  // What is deployed, and where: host-key trust (a new TOFU pin lands in every target of the namespace) and the key
+  // are how the host is reached, not what runs on it, so they must not make every instance look changed (M7).
+  const hashOf = (r: RenderedInstance) => createHash("sha256").update(JSON.stringify(r)).update(where).digest("hex");
   const facts = factsKey(target);
   const rendered = render(ctx.hostFacts.get(facts));
   const last = ctx.applied.get(e.metadata.uid!);

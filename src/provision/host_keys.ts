@@ -4,7 +4,7 @@
  */
 import { Buffer } from "node:buffer";
 import type { Secret } from "../api/types.ts";
-import { isConflict, type KubeApi } from "../kube/client.ts";
+import { isConflict, type KubeApi, KubeError } from "../kube/client.ts";
 import { SECRETS } from "../kube/resources.ts";
 import { checkHostKey } from "../host/known_hosts.ts";
 import { hostKeyError, SshError } from "../host/ssh.ts";
@@ -13,6 +13,8 @@ import { decodeSecretValue, type LabTarget, PINNED_HOST_KEYS_KEY, PINNED_HOST_KE
 /**
  * Records a host key seen for the first time in the namespace's pin Secret; throws a host key error naming both
  * fingerprints when the Secret already pins another key for the host:port. `line` is the pool's known_hosts line.
+ * manifests/known-hosts-secret.yaml ships the Secret empty, so the Role needs only get and patch on it; a missing one
+ * is created where the Role allows it (the Jumpstarter operator's does), else the error says to apply that file.
  */
 export async function pinHostKey(client: KubeApi, target: LabTarget, line: string): Promise<void> {
   const presented = line.split(" ")[2];
@@ -37,6 +39,14 @@ export async function pinHostKey(client: KubeApi, target: LabTarget, line: strin
           metadata: { name: PINNED_HOST_KEYS_SECRET, namespace: target.namespace },
           type: "Opaque",
           data,
+        }).catch((e) => {
+          if (!(e instanceof KubeError && e.status === 403)) throw e;
+          throw new Error(
+            `cannot pin the host key of ${target.host}: Secret ${target.namespace}/${PINNED_HOST_KEYS_SECRET} does ` +
+              `not exist and the controller may not create Secrets: create it empty (manifests/` +
+              `known-hosts-secret.yaml, or kubectl create secret generic ${PINNED_HOST_KEYS_SECRET} -n ` +
+              `${target.namespace}), or add the host's key to known_hosts in the credentials Secret`,
+          );
         });
       } else {
         await client.mergePatch(SECRETS, target.namespace, PINNED_HOST_KEYS_SECRET, {

@@ -18,6 +18,8 @@ import { FINALIZER, HOST_ANNOTATION, routedSetName, SET_LABEL } from "./marks.ts
 import { reconcile } from "./reconciler.ts";
 import { sweep } from "./sweep.ts";
 import { TARGET_ANNOTATION } from "./targets.ts";
+import { MAX_CREATES } from "./writes.ts";
+import { KubeError } from "../kube/client.ts";
 
 const NS = "lab";
 const SET = "pool";
@@ -290,6 +292,52 @@ Deno.test("reconcile: scale-down drains after the cooldown, then deletes, then t
   assert.equal(w.exporters().length, 1);
   assert.equal(w.set.status?.replicas, 1);
   assert.equal(out.requeueAfterMs, 5 * 60_000);
+});
+
+Deno.test("reconcile: an Exporter leased between plan and write is neither drained nor deleted (M11)", async () => {
+  const w = new World();
+  await w.deployed();
+  w.updateSpec({ minAvailableReplicas: 1, scaleDownCooldown: "0s" });
+  // Jumpstarter assigns a lease just after the plan read the cache: the write carries what the plan saw.
+  const leaseNow = (name: string) => w.patchExporterStatus(name, { leaseRef: { name: "just-now" } });
+  const patch = w.kube.mergePatch.bind(w.kube);
+  w.kube.mergePatch = ((r, ns, n, p, sub) => {
+    if ((p as { spec?: { enabled?: boolean } }).spec?.enabled === false) leaseNow(n);
+    return patch(r, ns, n, p, sub);
+  }) as typeof patch;
+  await assert.rejects(w.reconcile(), /changed since they were planned to drain or delete \(409 Conflict/);
+  assert.ok(w.exporters().every((e) => e.spec?.enabled !== false), "the leased one was not drained");
+  w.kube.mergePatch = patch;
+  for (const e of w.exporters()) w.patchExporterStatus(e.metadata.name!, { leaseRef: undefined });
+  await w.reconcile();
+  const [drained] = w.exporters().filter((e) => e.spec?.enabled === false);
+  assert.ok(drained, "drained once idle");
+  const del = w.kube.delete.bind(w.kube);
+  w.kube.delete = ((r, ns, n, pre) => {
+    leaseNow(n);
+    return del(r, ns, n, pre);
+  }) as typeof del;
+  await assert.rejects(w.reconcile(), /changed since they were planned/);
+  assert.ok(!w.exporter(drained.metadata.name!)?.metadata.deletionTimestamp, "the just-leased one was not deleted");
+  assert.ok(w.hosts.instance(HOST, drained.metadata.name!), "its instance runs on");
+});
+
+Deno.test("reconcile: creates go in slow-start batches, stop at a failure, bounded, and keep what succeeded (M11)", async () => {
+  const w = new World({ minAvailableReplicas: 500, maxReplicas: 0 });
+  const create = w.kube.create.bind(w.kube);
+  let calls = 0;
+  w.kube.create = ((r, obj) => {
+    if (++calls === 3) return Promise.reject(new KubeError(500, "InternalError", "etcd is busy"));
+    return create(r, obj);
+  }) as typeof create;
+  await assert.rejects(w.reconcile(), /etcd is busy/);
+  assert.equal(calls, 3, "batch of 1, then a batch of 2 with the failure: no further batch");
+  assert.equal(w.exporters().length, 2);
+  const expected = w.ctx.expectations.get(w.set.metadata.uid!)?.names;
+  assert.deepEqual([...expected ?? []].sort(), w.exporters().map((e) => e.metadata.name).sort(), "both expected");
+  assert.ok(w.reasons().includes("CreatedExporters"));
+  await w.reconcile();
+  assert.equal(w.exporters().length, 2 + MAX_CREATES, "at most MAX_CREATES a reconcile");
 });
 
 Deno.test("reconcile: a deleted Exporter's instance is removed before its finalizer; a host down keeps both", async () => {
@@ -681,6 +729,38 @@ Deno.test("reconcile: pending restarts roll one instance at a time once their le
   await w.reconcile();
   assert.deepEqual(starts(), [2, 2]);
   assert.equal(w.set.status?.updatedReplicas, w.set.status?.replicas);
+});
+
+Deno.test("reconcile: a new host-key pin in the namespace re-applies no instance (M7)", async () => {
+  const w = new World();
+  const [a, b] = await w.deployed();
+  const before = [a, b].map((e) => w.applies(e.metadata.name!));
+  w.kube.put<Secret>(SECRETS, {
+    metadata: { name: "qemu-ssh-known-hosts", namespace: NS },
+    data: { known_hosts: b64("lab-host-02.example.com ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIE0000\n") },
+  });
+  await w.reconcile();
+  assert.deepEqual([a, b].map((e) => w.applies(e.metadata.name!)), before, "trust changed, not what runs");
+});
+
+Deno.test("reconcile: a host name's case or a new user is no move: re-applied in place (M12)", async () => {
+  const w = new World({ recycleStrategy: "InPlaceReuse" });
+  const [a, b] = await w.deployed();
+  const names = [a, b].map((e) => e.metadata.name!);
+  const spelled = "LAB-HOST-01.Example.COM";
+  w.updateSpec({ parameters: { host: { name: spelled } } });
+  await w.reconcile();
+  w.updateSpec({ parameters: { host: { name: spelled }, ssh: { user: "ops" } } });
+  await w.reconcile();
+  assert.deepEqual(w.hosts.calls.filter((c) => c.startsWith("remove")), [], "nothing removed");
+  for (const name of names) {
+    assert.equal(w.hosts.instance(HOST, name)?.starts, 1, `${name} kept running: not re-created`);
+    assert.equal(w.exporter(name)?.metadata.annotations?.[TARGET_ANNOTATION], `ops@${spelled}:22`);
+  }
+  assert.ok(!w.reasons().includes("Moved"));
+  w.updateSpec({ parameters: { host: { name: "lab-host-02.example.com" } } });
+  await w.reconcile();
+  assert.ok(w.reasons().includes("Moved"), "another host is still a move");
 });
 
 Deno.test("reconcile: a host move leaves a leased instance on the old host until its lease ends", async () => {

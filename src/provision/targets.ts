@@ -18,6 +18,16 @@ const TARGET_RE = /^(.+)@(.+):(\d+)$/;
 
 export const targetString = (t: Pick<LabTarget, "user" | "host" | "port">) => `${t.user}@${t.host}:${t.port}`;
 
+/**
+ * Whether two targets name the same sshd: host names compare as DNS does (case-insensitive; params.ts refuses a
+ * trailing dot) and the user does not count (root or ops with sudo reach the same machine). A name and an address of
+ * the same machine still differ: telling that would need DNS at reconcile time, which is neither pure nor proof of
+ * identity (the host key would be, but a move is decided before connecting).
+ */
+export function sameHost(a: Pick<LabTarget, "host" | "port">, b: Pick<LabTarget, "host" | "port">): boolean {
+  return a.port === b.port && a.host.toLowerCase() === b.host.toLowerCase();
+}
+
 /** The target an annotation names, with the credentials of `like`; `like` itself if the annotation is malformed. */
 export function parseTarget(s: string, like: LabTarget): LabTarget {
   const m = TARGET_RE.exec(s);

@@ -12,17 +12,52 @@ import { PROVISIONER } from "../api/types.ts";
 import type { Plan } from "./plan.ts";
 import { statusChanged } from "./status.ts";
 
-/** How long an Exporter we created may take to show up in the cache before we stop counting it as pending. */
-const EXPECTATION_MS = 60_000;
+/**
+ * How long an Exporter we created may take to show up in the cache before we stop counting it as pending. Longer than
+ * an informer takes to notice a silently dead watch (its 60 s watch timeout + 30 s, informer.ts) and relist: expiring
+ * sooner would create again while the cache is merely late (review M11). ReplicaSets wait 5 minutes.
+ */
+const EXPECTATION_MS = 120_000;
 
+/**
+ * Creates per reconcile, at most; the rest come at the next one (each create's watch event requeues the set). A
+ * runaway plan (maxReplicas 0 with a minReplicas typo, thousands of pending Leases) must not fire thousands of POSTs,
+ * each followed by an instance on one host. ReplicaSets cap at 500 with far cheaper Pods.
+ */
+export const MAX_CREATES = 50;
+
+/**
+ * Drains and deletes are conditional on the resourceVersion the plan saw: Jumpstarter may lease an Exporter between
+ * the cache read and the write, and a leased Exporter must never be drained or deleted. A conflict ends this round
+ * with an error, so the set is planned again on fresh data.
+ */
 export async function act(ctx: Context, set: ExporterSet, p: Plan): Promise<void> {
   const ns = set.metadata.namespace!;
   await createExporters(ctx, set, p.create);
   for (const n of p.enable) await setEnabled(ctx, set, ns, n, true);
-  for (const n of p.drain) await setEnabled(ctx, set, ns, n, false);
+  const changed: string[] = [];
+  const asPlanned = async (n: string, write: (e: Exporter) => Promise<void>) => {
+    const e = ctx.caches.exporters.get(ns, n);
+    if (!e) return;
+    try {
+      await write(e);
+    } catch (err) {
+      if (!isConflict(err)) throw err;
+      changed.push(n);
+    }
+  };
+  for (const n of p.drain) await asPlanned(n, (e) => setEnabled(ctx, set, ns, n, false, e.metadata.resourceVersion));
   for (const n of p.delete) {
-    await ctx.client.delete(EXPORTERS, ns, n);
-    ctx.recorder.event(set, "Normal", "DeletingExporter", `deleting exporter ${n}`);
+    await asPlanned(n, async (e) => {
+      await ctx.client.delete(EXPORTERS, ns, n, { uid: e.metadata.uid, resourceVersion: e.metadata.resourceVersion });
+      ctx.recorder.event(set, "Normal", "DeletingExporter", `deleting exporter ${n}`);
+    });
+  }
+  if (changed.length) {
+    throw new Error(
+      `exporter(s) ${changed.join(", ")} of ExporterSet ${ns}/${set.metadata.name} changed since they were planned ` +
+        "to drain or delete (409 Conflict, e.g. just leased): planning again",
+    );
   }
   for (const n of p.recycle) await recycle(ctx, set, ns, n);
 }
@@ -71,7 +106,13 @@ export function pendingCreates(ctx: Context, set: ExporterSet, live: Exporter[])
   return [...exp.names];
 }
 
+/**
+ * Creates in batches of 1, 2, 4, ... (client-go's slowStartBatch), stopping at the first batch with a failure, so a
+ * create the API server refuses (quota, webhook, overload) fails once rather than n times. Every create that did
+ * succeed is expected, failed batch included, so the next reconcile does not create it again.
+ */
 async function createExporters(ctx: Context, set: ExporterSet, n: number): Promise<void> {
+  n = Math.min(n, MAX_CREATES);
   if (n <= 0) return;
   const m = set.metadata;
   const marks = templateMarks(set);
@@ -84,35 +125,60 @@ async function createExporters(ctx: Context, set: ExporterSet, n: number): Promi
         `${PROVISIONER}/ are this controller's to write; remove them from the template`,
     );
   }
-  const created = await Promise.all(Array.from({ length: n }, () =>
-    ctx.client.create<Exporter>(EXPORTERS, {
-      metadata: {
-        generateName: `${m.name}-`,
-        namespace: m.namespace,
-        labels: { ...marks.labels, [SET_LABEL]: m.name! },
-        annotations: marks.annotations,
-        finalizers: [FINALIZER],
-        ownerReferences: [{
-          apiVersion: `${EXPORTER_SETS.group}/${EXPORTER_SETS.version}`,
-          kind: "ExporterSet",
-          name: m.name!,
-          uid: m.uid!,
-          controller: true,
-          blockOwnerDeletion: true,
-        }],
-      },
-      spec: { enabled: true },
-    })));
-  const names = created.map((e) => e.metadata.name!);
-  const exp = ctx.expectations.get(m.uid!) ?? { names: new Set<string>(), until: 0 };
-  for (const name of names) exp.names.add(name);
-  exp.until = ctx.now().getTime() + EXPECTATION_MS;
-  ctx.expectations.set(m.uid!, exp);
-  ctx.recorder.event(set, "Normal", "CreatedExporters", `created ${names.join(", ")}`);
+  const names: string[] = [];
+  let failure: unknown;
+  for (let batch = 1, left = n; left > 0 && failure === undefined; left -= batch, batch *= 2) {
+    const results = await Promise.allSettled(
+      Array.from({ length: Math.min(batch, left) }, () => createOne(ctx, set, marks)),
+    );
+    for (const r of results) {
+      if (r.status === "fulfilled") names.push(r.value.metadata.name!);
+      else failure ??= r.reason;
+    }
+  }
+  if (names.length) {
+    const exp = ctx.expectations.get(m.uid!) ?? { names: new Set<string>(), until: 0 };
+    for (const name of names) exp.names.add(name);
+    exp.until = ctx.now().getTime() + EXPECTATION_MS;
+    ctx.expectations.set(m.uid!, exp);
+    ctx.recorder.event(set, "Normal", "CreatedExporters", `created ${names.join(", ")}`);
+  }
+  if (failure !== undefined) throw failure;
 }
 
-async function setEnabled(ctx: Context, set: ExporterSet, ns: string, name: string, enabled: boolean) {
-  await ctx.client.mergePatch(EXPORTERS, ns, name, { spec: { enabled } });
+function createOne(ctx: Context, set: ExporterSet, marks: ReturnType<typeof templateMarks>): Promise<Exporter> {
+  const m = set.metadata;
+  return ctx.client.create<Exporter>(EXPORTERS, {
+    metadata: {
+      generateName: `${m.name}-`,
+      namespace: m.namespace,
+      labels: { ...marks.labels, [SET_LABEL]: m.name! },
+      annotations: marks.annotations,
+      finalizers: [FINALIZER],
+      ownerReferences: [{
+        apiVersion: `${EXPORTER_SETS.group}/${EXPORTER_SETS.version}`,
+        kind: "ExporterSet",
+        name: m.name!,
+        uid: m.uid!,
+        controller: true,
+        blockOwnerDeletion: true,
+      }],
+    },
+    spec: { enabled: true },
+  });
+}
+
+async function setEnabled(
+  ctx: Context,
+  set: ExporterSet,
+  ns: string,
+  name: string,
+  enabled: boolean,
+  /** The version planned on: a merge patch carrying it is refused (409) if the Exporter changed since. */
+  resourceVersion?: string,
+) {
+  const metadata = resourceVersion ? { metadata: { resourceVersion } } : {};
+  await ctx.client.mergePatch(EXPORTERS, ns, name, { ...metadata, spec: { enabled } });
   ctx.recorder.event(
     set,
     "Normal",
@@ -133,7 +199,9 @@ export async function annotate(ctx: Context, e: Exporter, annotations: Record<st
  * to life with the old identity until it is removed.
  */
 export async function replaceLeftBehind(ctx: Context, set: ExporterSet, e: Exporter, why: string): Promise<void> {
-  await ctx.client.delete(EXPORTERS, e.metadata.namespace, e.metadata.name!);
+  // as planned: not if it was leased meanwhile (a conflict fails the reconcile, which then looks again)
+  const { uid, resourceVersion } = e.metadata;
+  await ctx.client.delete(EXPORTERS, e.metadata.namespace, e.metadata.name!, { uid, resourceVersion });
   ctx.recorder.event(
     set,
     "Warning",

@@ -34,6 +34,8 @@ export interface ControlPlaneOptions {
    * collector learns new kinds only every 30 s, and until then leaves the dependents of their objects in place.
    */
   setup?: (kubeconfigPath: string) => Promise<void>;
+  /** API Priority and Fairness on, as in a real cluster (test/apf_storm.ts makes it shed one user's requests). */
+  priorityAndFairness?: boolean;
 }
 
 export async function startControlPlane(opts: ControlPlaneOptions): Promise<ControlPlane> {
@@ -73,7 +75,7 @@ export async function startControlPlane(opts: ControlPlaneOptions): Promise<Cont
     // Loopback endpoints fail validation, so the reconciler would log an error every few seconds.
     "--endpoint-reconciler-type=none",
     // Tests burst requests from one identity: flow control would only add queuing and one more post-start hook.
-    "--enable-priority-and-fairness=false",
+    `--enable-priority-and-fairness=${opts.priorityAndFairness ?? false}`,
     "--profiling=false",
   ];
   const startApiServer = async () => {

@@ -1,29 +1,40 @@
 /**
  * Faults of the API server side, on a control plane of the scenario's own (the run's is shared by every test):
  * kube-apiserver SIGKILLed and started again (same etcd) in the middle of a scale, etcd compacted past what the
- * controller has seen (so its watches come back 410 Gone and it must relist), and every connection of the
- * controller gone silent for a while. The controller reaches the API server through test/faultproxy.ts; the test
- * and the fake Jumpstarter talk to it directly.
+ * controller has seen (so its watches come back 410 Gone and it must relist), every connection of the controller
+ * gone silent for a while, and a 429 storm (test/apf_storm.ts: the server's API Priority and Fairness shedding the
+ * requests of the controller's user, which the controller impersonates for that). The controller reaches the API
+ * server through test/faultproxy.ts; the test and the fake Jumpstarter talk to it directly.
  */
 import { parse, stringify } from "yaml";
 import { startControlPlane } from "../controlplane/controlplane.ts";
 import { installCrdsAt, waitFor } from "../env.ts";
 import { FaultInjector } from "../faultproxy.ts";
+import { ApfStorm, impersonatingKubeconfig } from "../apf_storm.ts";
+import { KubeClient } from "../../src/kube/client.ts";
 import type { KubeObject } from "../../src/api/types.ts";
 import { CONFIG_MAPS } from "../../src/kube/resources.ts";
 import { checkInvariants, trial } from "./invariants.ts";
 import { FaultWorld, type Outcome, randomBetween, sleep } from "./world.ts";
 
-export async function apiScenario(reps: number, silenceMs: number): Promise<Outcome[]> {
+export async function apiScenario(reps: number, silenceMs: number, stormMs: number): Promise<Outcome[]> {
   const dir = await Deno.makeTempDir({ prefix: "qsp-faults-api-" });
-  const cp = await startControlPlane({ dir: `${dir}/controlplane`, setup: installCrdsAt });
+  const cp = await startControlPlane({ dir: `${dir}/controlplane`, setup: installCrdsAt, priorityAndFairness: true });
   let proxy: FaultInjector | undefined;
   let w: FaultWorld | undefined;
+  let storm: ApfStorm | undefined;
+  let probe: KubeClient | undefined;
+  const admin = await KubeClient.load(cp.kubeconfigPath);
   const results: Outcome[] = [];
   try {
     proxy = await FaultInjector.forKubeconfig(cp.kubeconfigPath);
     const viaProxy = `${dir}/via-proxy.kubeconfig`;
     await writeKubeconfigVia(cp.kubeconfigPath, proxy.url, viaProxy);
+    // a user of its own, so that the storm's FlowSchema can single it out (the admin is exempt: system:masters)
+    const user = "qsp-faults-controller";
+    await impersonatingKubeconfig(admin, viaProxy, user, viaProxy);
+    storm = await ApfStorm.create(admin, user);
+    probe = await KubeClient.load(viaProxy, { qps: 0 });
     w = await FaultWorld.create({ kubeconfig: cp.kubeconfigPath, controllerKubeconfig: viaProxy, prefix: "api" });
     const world = w;
     const fp = proxy;
@@ -92,9 +103,35 @@ export async function apiScenario(reps: number, silenceMs: number): Promise<Outc
           return { fault: `${scale}, every connection silent @${(delay / 1000).toFixed(1)}s for ${silenceMs / 1000}s` };
         }),
       );
+
+      results.push(
+        await trial(world, "api", `429 storm #${rep}`, async () => {
+          const s = storm!;
+          const scale = await world.toggleScale();
+          await sleep(randomBetween(100, 1_500));
+          const before = await s.rejected();
+          await s.start(probe!);
+          const t0 = performance.now();
+          try {
+            await sleep(stormMs);
+          } finally {
+            await s.stop(probe!);
+          }
+          const rejected = (await s.rejected()) - before;
+          const rate = rejected / ((performance.now() - t0) / 1000);
+          return {
+            fault: `${scale}, the controller's requests shed by APF (429, Retry-After; one at a time let through) ` +
+              `for ${stormMs / 1000}s`,
+            note: `${rejected} requests rejected, ${rate.toFixed(1)}/s under the storm`,
+          };
+        }),
+      );
     }
   } finally {
     await w?.stop({ keepLogs: results.some((r) => !r.ok) }).catch((e) => console.error(`  stopping the world: ${e}`));
+    await storm?.remove().catch(() => {});
+    probe?.close();
+    admin.close();
     await proxy?.close();
     await cp.stop();
     await Deno.remove(dir, { recursive: true }).catch(() => {});

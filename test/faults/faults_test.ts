@@ -6,6 +6,7 @@
  * QSP_FAULT_TRIALS: controller-kill trials (default 3; the full form sets 25).
  * QSP_FAULT_HOST_TRIALS: repetitions of the host, API, credential, disk and change scenarios (default 1).
  * QSP_FAULT_SILENCE_SECONDS: how long the controller's connections stay silent (default 10).
+ * QSP_FAULT_STORM_SECONDS: how long the API server answers the controller 429 (default 10).
  * QSP_FAULT_FULL=1: wait for the controller to notice a cut network (about a minute: SSH keepalive) instead of
  * restoring it after 10 s.
  */
@@ -22,6 +23,7 @@ const opts = { sanitizeOps: false, sanitizeResources: false };
 const KILL_TRIALS = trialCount("QSP_FAULT_TRIALS", 3);
 const REPS = trialCount("QSP_FAULT_HOST_TRIALS", 1);
 const SILENCE_S = trialCount("QSP_FAULT_SILENCE_SECONDS", 10);
+const STORM_S = trialCount("QSP_FAULT_STORM_SECONDS", 10);
 const FULL = Deno.env.get("QSP_FAULT_FULL") === "1";
 const failures = (rs: Outcome[]) => rs.filter((r) => !r.ok).map((r) => `${r.trial}: ${r.note}`);
 
@@ -44,10 +46,11 @@ Deno.test({
 });
 
 Deno.test({
-  name: `faults: API server restarted, etcd compacted, connections silent for ${SILENCE_S}s (${REPS}x)`,
+  name: `faults: API server restarted, etcd compacted, connections silent for ${SILENCE_S}s, ` +
+    `a ${STORM_S}s 429 storm (${REPS}x)`,
   ...opts,
   async fn() {
-    const rs = await apiScenario(REPS, SILENCE_S * 1000);
+    const rs = await apiScenario(REPS, SILENCE_S * 1000, STORM_S * 1000);
     assert.deepEqual(failures(rs), []);
   },
 });
