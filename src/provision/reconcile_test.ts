@@ -748,6 +748,9 @@ Deno.test("reconcile: a host name's case or a new user is no move: re-applied in
   const [a, b] = await w.deployed();
   const names = [a, b].map((e) => e.metadata.name!);
   const spelled = "LAB-HOST-01.Example.COM";
+  // the user is the class's to give away (spec.setOverrides)
+  const cls = w.ctx.caches.classes.get(NS, "qemu")!;
+  w.kube.put(VIRTUAL_TARGET_CLASSES, { ...cls, spec: { ...cls.spec, setOverrides: { user: true } } });
   w.updateSpec({ parameters: { host: { name: spelled } } });
   await w.reconcile();
   w.updateSpec({ parameters: { host: { name: spelled }, ssh: { user: "ops" } } });
