@@ -22,22 +22,11 @@ import {
 } from "./e2e_world.ts";
 import { EXPORTER_SETS, NAMESPACES, SECRETS, VIRTUAL_TARGET_CLASSES } from "../src/kube/resources.ts";
 import type { Secret } from "../src/api/types.ts";
+import { ed25519Key } from "./fixtures.ts";
 
 const opts = { sanitizeOps: false, sanitizeResources: false };
 /** The bound under test: short, so the unreachable case ends soon; teardowns that can succeed do so well within. */
 const GRACE_MS = 20_000;
-
-async function freshKey(): Promise<string> {
-  const dir = await Deno.makeTempDir({ prefix: "qsp-key-" });
-  const r = await new Deno.Command("ssh-keygen", {
-    args: ["-q", "-t", "ed25519", "-N", "", "-C", "rotated", "-f", `${dir}/key`],
-    stdout: "null",
-  }).output();
-  assert.ok(r.success, "ssh-keygen");
-  const key = await Deno.readTextFile(`${dir}/key`);
-  await Deno.remove(dir, { recursive: true });
-  return key;
-}
 
 const del = (w: World, what: "secret" | "class" | "set") =>
   what === "secret"
@@ -91,7 +80,7 @@ const CASES: Case[] = [
   {
     name: "the Secret's key rotated to one the host does not take yet",
     async run(w) {
-      const key = Buffer.from(await freshKey()).toString("base64");
+      const key = Buffer.from(await ed25519Key("rotated")).toString("base64");
       await w.client.mergePatch<Secret>(SECRETS, w.ns, "lab-ssh-key", { data: { "ssh-privatekey": key } });
       await del(w, "set");
     },

@@ -35,3 +35,18 @@ export function seedInstance(over: Partial<Instance> = {}): Instance {
     ...over,
   };
 }
+
+/** A new ed25519 private key in OpenSSH's format, made by ssh-keygen (the format lab hosts' sshd takes). */
+export async function ed25519Key(comment: string): Promise<string> {
+  const dir = await Deno.makeTempDir({ prefix: "qsp-key-" });
+  try {
+    const r = await new Deno.Command("ssh-keygen", {
+      args: ["-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", `${dir}/key`],
+      stdout: "null",
+    }).output();
+    if (!r.success) throw new Error("ssh-keygen failed");
+    return await Deno.readTextFile(`${dir}/key`);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+}

@@ -20,6 +20,7 @@ import { sweep } from "./sweep.ts";
 import { TARGET_ANNOTATION } from "./targets.ts";
 import { MAX_CREATES } from "./writes.ts";
 import { KubeError } from "../kube/client.ts";
+import { ed25519Key } from "../../test/fixtures.ts";
 
 const NS = "lab";
 const SET = "pool";
@@ -27,18 +28,7 @@ const HOST = "lab-host-01.example.com";
 const IDENTITY = controllerIdentity("cluster-a", PROVISIONER);
 const GRACE_MS = 120_000;
 
-async function privateKey(): Promise<string> {
-  const dir = await Deno.makeTempDir({ prefix: "reconcile_test" });
-  const r = await new Deno.Command("ssh-keygen", {
-    args: ["-q", "-t", "ed25519", "-N", "", "-C", "test", "-f", `${dir}/key`],
-    stdout: "null",
-  }).output();
-  assert.ok(r.success, "ssh-keygen");
-  const key = await Deno.readTextFile(`${dir}/key`);
-  await Deno.remove(dir, { recursive: true });
-  return key;
-}
-const KEY = await privateKey();
+const KEY = await ed25519Key("test");
 
 const b64 = (s: string) => Buffer.from(s).toString("base64");
 
@@ -621,7 +611,7 @@ Deno.test("reconcile: teardown of a deleted set's Exporter uses the key its host
   const [a] = await w.deployed();
   const name = a.metadata.name!;
   // a class listed before ours, with another key that parses and another host
-  const other = await privateKey();
+  const other = await ed25519Key("test");
   w.kube.put<Secret>(SECRETS, { metadata: { name: "a-key", namespace: NS }, data: { "ssh-privatekey": b64(other) } });
   w.kube.put<VirtualTargetClass>(VIRTUAL_TARGET_CLASSES, {
     metadata: { name: "a-first", namespace: NS },
@@ -1031,7 +1021,7 @@ Deno.test("reconcile: with the Secret's key rotated, teardown tries the key the 
   const w = new World();
   const [a] = await w.deployed();
   w.hosts.keys.set(HOST, KEY);
-  const rotated = await privateKey(); // not on the host yet
+  const rotated = await ed25519Key("test"); // not on the host yet
   w.kube.put<Secret>(SECRETS, {
     metadata: { name: "lab-ssh-key", namespace: NS },
     data: { "ssh-privatekey": b64(rotated) },
