@@ -370,7 +370,9 @@ step=disk
 # labels that name its owner. The root directory is the exporter's, as for the shared volume.
 if ! podman volume exists "$DISK"; then
   podman volume create --label ${q(`jumpstarter.dev/exporter=${r.name}`)} --label ${q(`${PROVISIONER}/uid=${r.uid}`)} \
-    --label ${q(`jumpstarter.dev/namespace=${r.namespace}`)} --opt type=ext4 --opt device="$IMG" --opt o=loop \
+    --label ${q(`jumpstarter.dev/namespace=${r.namespace}`)} ${
+    r.controller ? `--label ${q(`${CONTROLLER_LABEL}=${r.controller}`)} ` : ""
+  }--opt type=ext4 --opt device="$IMG" --opt o=loop \
     "$DISK" >/dev/null
   say volume-created "$DISK"
 fi

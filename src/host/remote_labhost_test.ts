@@ -307,7 +307,7 @@ for (const { suffix, net, podman } of VARIANTS) {
           const exporterDisk = (r: RenderedInstance, mount: string) => {
             const ex = r.files.find((f) => f.path.endsWith("-exporter.container"))!;
             ex.content = ex.content.replace(
-              /^Volume=jumpstarter-.*-disk:\/disk:z\n/m,
+              /^Volume=jumpstarter-.*-disk:\/disk:z,U\n/m,
               `${mount}Environment=STANDIN_RETRY=2s\n`,
             );
           };

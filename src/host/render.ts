@@ -407,7 +407,9 @@ function commonContainerKeys(inst: Instance, role: ImageRole, d: QuadletDialect)
     ["Label", `${PROVISIONER}/role=${role}`],
     // `z`: both containers share the volume, so on SELinux hosts it needs the shared label, not a private one
     ["Volume", `${volumeName(inst.name)}:/shared:z`],
-    ["Volume", `${diskVolumeName(inst.name)}:${DISK_MOUNT}:z`],
+    // `U` on the exporter's: Podman 4 hands a fresh volume's root to the user of the first container that mounts it,
+    // the root runtime, and the exporter (65532) writes the flashed images there; U gives it back at each start.
+    ["Volume", `${diskVolumeName(inst.name)}:${DISK_MOUNT}:${role === "exporter" ? "z,U" : "z"}`],
   ];
   // Both containers get /dev/kvm: QEMU runs in the runtime, but the driver in the exporter checks /dev/kvm to decide
   // on KVM acceleration. `-`: start even if it is missing; the apply script checks for it when KVM is required. A

@@ -198,8 +198,9 @@ Deno.test("quadlets: ownership, images, shared volume and netns, kvm to both, at
     for (
       const l of [
         `Volume=jumpstarter-${n}-shared:/shared:z`,
-        // upstream main's driver keeps the guest's disks in /disk, where QEMU in the runtime opens them
-        `Volume=jumpstarter-${n}-disk:/disk:z`,
+        // upstream main's driver keeps the guest's disks in /disk, where QEMU in the runtime opens them; the
+        // exporter's mount gives the volume's root back to it at each start (U)
+        `Volume=jumpstarter-${n}-disk:/disk:${f === ex ? "z,U" : "z"}`,
         "AddDevice=-/dev/kvm",
         "AddDevice=/dev/ttyUSB0",
         "AddDevice=/dev/bus/usb/001/002:/dev/usb0",
