@@ -295,5 +295,7 @@ function instance(w: World, namespace: string, name: string) {
     endpoint: "grpc.invalid:443",
     token: "not-a-token",
     caBundle: "",
+    // written by this controller: the sweep removes only instances that name it
+    controller: w.controller.ctx.identity,
   };
 }
