@@ -123,6 +123,8 @@ export interface SshPoolStats {
   commands: number;
   /** Connections currently open. */
   open: number;
+  /** Callers waiting for a turn to connect (at most maxHandshakes connect at once). */
+  handshakesWaiting: number;
   /** Session opens sshd refused and that were retried (see ChannelRefused); steadily rising means MaxSessions is low. */
   channelRetries: number;
 }
@@ -299,7 +301,7 @@ export class SshPool {
   stats(): SshPoolStats {
     let open = 0;
     for (const c of this.#conns.values()) if (c.alive) open++;
-    return { ...this.#stats, open };
+    return { ...this.#stats, open, handshakesWaiting: this.#handshakes.waiting };
   }
 
   #throwIfClosed(target: SshTarget): void {
@@ -913,6 +915,9 @@ class Semaphore {
       signal?.addEventListener("abort", giveUp, { once: true });
       this.#waiters.push(give);
     });
+  }
+  get waiting(): number {
+    return this.#waiters.length;
   }
   /** No slot taken and nobody waiting. */
   idle(): boolean {

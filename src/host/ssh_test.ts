@@ -152,30 +152,50 @@ Deno.test("ssh: concurrent callers share one connect attempt; handshake timeout 
   }
 });
 
-Deno.test("ssh: handshakes beyond maxHandshakes wait their turn, inside the connect timeout (M14)", async () => {
+Deno.test("ssh: handshakes beyond maxHandshakes wait their turn, and connect only when it comes (M14)", async () => {
   const listener = Deno.listen({ hostname: "127.0.0.1", port: 0 });
   const accepted: Deno.Conn[] = [];
   const acceptLoop = (async () => {
     for await (const c of listener) accepted.push(c);
   })();
-  const pool = new SshPool({ connectTimeoutMs: 400, maxHandshakes: 1 });
+  const hungUp = new Set<number>();
+  const hangUp = (i: number) => {
+    if (!hungUp.has(i)) accepted[i].close();
+    hungUp.add(i);
+  };
+  const pool = new SshPool({ connectTimeoutMs: 30_000, maxHandshakes: 1 });
+  // Observed through the pool's own count of waiting callers, not through timeouts: a holder and its waiters with
+  // one connect timeout each would race for who ends first.
+  const until = async (what: string, ok: () => boolean) => {
+    for (let i = 0; !ok(); i++) {
+      if (i > 3000) {
+        throw new Error(`timed out waiting for ${what}: ${accepted.length} accepted, ${JSON.stringify(pool.stats())}`);
+      }
+      await new Promise((r) => setTimeout(r, 10));
+    }
+  };
   try {
     const port = (listener.addr as Deno.NetAddr).port;
-    // three pool keys (users), one host that never speaks SSH: one handshake at a time, the others wait for a turn
-    const errors = await Promise.all(
-      ["a", "b", "c"].map((user) => rejection(pool.exec(localTarget(port, { user }), "true"))),
+    // three pool keys (users), one host that never speaks SSH
+    const errors = ["a", "b", "c"].map((user) => rejection(pool.exec(localTarget(port, { user }), "true")));
+    await until(
+      "one handshake in progress, two waiting",
+      () => accepted.length === 1 && pool.stats().handshakesWaiting === 2,
     );
-    assert.equal(accepted.length, 1, "one socket at a time: the waiting ones gave up before their turn");
-    assert.match(errors[0].message, /no SSH handshake within/);
-    for (const e of errors.slice(1)) {
-      assert.equal(e.kind, "connect");
-      assert.match(e.message, /no turn to connect within 400ms: 1 SSH handshakes are in progress \(maxHandshakes\)/);
-    }
+    // the host hangs up on the first: the next caller gets its turn, and only then opens a socket
+    hangUp(0);
+    await until("the second's turn", () => accepted.length === 2 && pool.stats().handshakesWaiting === 1);
+    assert.equal((await errors[0]).kind, "connect");
+    hangUp(1);
+    await until("the third's turn", () => accepted.length === 3 && pool.stats().handshakesWaiting === 0);
+    assert.equal((await errors[1]).kind, "connect");
+    await pool.close();
+    assert.equal((await errors[2]).kind, "closed");
   } finally {
     await pool.close();
     listener.close();
     await acceptLoop.catch(() => {});
-    for (const c of accepted) c.close();
+    accepted.forEach((_, i) => hangUp(i));
   }
 });
 
