@@ -519,6 +519,15 @@ case " $restart " in
 esac
 
 step=start
+# An exporter container that a stop left behind (the stop raced a start job, or ran while the quadlet was gone, and
+# ExecStopPost never removed it) sits in the runtime's network namespace: the runtime's \`podman run --replace\` then
+# fails ("has dependent containers") at every start and auto-restart, the exporter fails with it (dependency), and
+# no apply gets them up again. With the exporter's unit down, its container is a leftover: removed first.
+unit "$EX"
+case "$active" in
+active | activating | deactivating | reloading) ;;
+*) podman rm -f -i ${q(`${r.name}-exporter`)} >/dev/null 2>&1 || true ;;
+esac
 for u in "$RT" "$EX"; do
   if [ "$u" = "$EX" ] && [ "$ex_exited" = 1 ]; then continue; fi
   case " $restart " in *" $u "*) continue ;; esac
