@@ -97,10 +97,9 @@ Deno.test({
         `rm /etc/containers/systemd/${name}-exporter.container && systemctl daemon-reload && ` +
           `{ systemctl stop ${name}-runtime.service ${name}-exporter.service 2>&1 && echo stopped || true; }`,
       );
-      if (stop.includes("stopped")) {
-        // (the repair may already be under way: the runtime then stages its launcher, the exporter waits for it)
-        assert.match(await unitStates(w.host, name), /^(inactive|failed|activating) (inactive|failed|activating)$/);
-      } else {
+      // "stopped": systemctl stop returned once both units were down. Their state is not read afterwards: with a 2 s
+      // resync the repair may already have started them again by then.
+      if (!stop.includes("stopped")) {
         assert.match(stop, /canceled/, "the stop failed only because a repair's start job replaced it");
       }
       await waitFor(async () => {
