@@ -760,16 +760,25 @@ systemctl list-units --all --plain --no-legend --no-pager '*-runtime.service' '*
 step=records
 # what each unit was started with, and what systemd has loaded for it (quadlet units are generated there): a running
 # unit where the two differ owes a restart, which an apply gives it
+recorded=
 for f in ${q(RUN_DIR)}/*.started; do
   if [ -f "$f" ]; then
     h=
     read -r h <"$f" || true
     u=\${f##*/}
     say record "\${u%.started}" "$h"
+    recorded="$recorded \${u%.started}"
   fi
 done
-(cd /run/systemd/generator 2>/dev/null && sha256sum -- *-runtime.service *-exporter.service 2>/dev/null) |
-  while read -r h u; do say loaded "$u" "$h"; done
+# what systemd loaded for them: their FragmentPath, as the apply's \`generated\` reads it (named after the unit), hashed by
+# one sha256sum for all
+if [ -n "$recorded" ]; then
+  # shellcheck disable=SC2086
+  frags=$(systemctl show -p FragmentPath $recorded 2>/dev/null | sed -n 's/^FragmentPath=\\(..*\\)$/\\1/p')
+  if [ -n "$frags" ]; then
+    (IFS=$nl && set -f && sha256sum $frags 2>/dev/null) | while read -r h f; do say loaded "\${f##*/}" "$h"; done
+  fi
+fi
 
 if ! command -v podman >/dev/null 2>&1; then
   say "done"

@@ -17,6 +17,7 @@
 #               /run            the host's own dir (sshd's privsep dir, fake-systemd/podman state, pending markers)
 #               /var/lib/qemu-ssh.jumpstarter.dev/disks  the host's own dir (the /disk volumes' sparse images)
 #               /usr/local/sbin the fakes (read-only), first on the scripts' PATH
+#               /dev/kvm        a node of the hosts' own (same device), 0660 root:kvm
 #             and sshd -f its config (ListenAddress = its address, ForceCommand = session-recorder, log to sshd.log).
 #   state:    one tmpfs at $SCALE_DIR/fs (hosts' upper dirs and /run), unmounted by `down`.
 #
@@ -89,6 +90,13 @@ shared_init() {
     sed 's#^\(root:.*:\)[^:]*$#\1/bin/sh#' /etc/passwd >"$X/passwd"
     grep -q '^sshd:' "$X/passwd" || echo 'sshd:x:101:65534::/run/sshd:/usr/sbin/nologin' >>"$X/passwd"
     cp /etc/group "$X/group"
+    # a /dev/kvm node of the hosts' own, 0660 root:kvm as Debian ships it, so the machine's (often 0600) is never the
+    # one the scripts judge or change; the kvm group is added where the machine has none
+    grep -q '^kvm:' "$X/group" || echo 'kvm:x:36:' >>"$X/group"
+    if [ -c /dev/kvm ] && [ ! -c "$FS/kvm" ]; then
+        mknod -m 0660 "$FS/kvm" c 10 232
+        chown "0:$(awk -F: '$1 == "kvm" { print $3 }' "$X/group")" "$FS/kvm"
+    fi
     # the fakes under the names the scripts call
     mkdir -p "$SCALE_DIR/bin"
     install -m755 "$HERE/fakes/fake-systemctl" "$SCALE_DIR/bin/systemctl"
@@ -141,10 +149,11 @@ host_start() { # NAME
         # the images of the /disk volumes (src/host/render.ts DISK_DIR): each host has its own, not the machine /var
         mkdir -p /var/lib/qemu-ssh.jumpstarter.dev/disks
         mount --bind "$1/disks" /var/lib/qemu-ssh.jumpstarter.dev/disks
+        if [ -c "$5" ]; then mount --bind "$5" /dev/kvm; fi
         mount --bind "$2/bin" /usr/local/sbin
         mount -o remount,bind,ro /usr/local/sbin
         exec env "$4" "$3" -f "$1/sshd_config" -E "$1/sshd.log"
-    ' sh "$H" "$SCALE_DIR" "$SSHD" "$(sshd_env)"
+    ' sh "$H" "$SCALE_DIR" "$SSHD" "$(sshd_env)" "$FS/kvm"
 }
 
 up() {
