@@ -5,7 +5,8 @@
  * known only from the deployment's flags and environment: the API server, the lab hosts, the listeners. It decides
  * that set (src/cli/permissions.ts) and runs the command in a Worker narrowed to it. Out here the only npm code is
  * npm:yaml, which reads the kubeconfig (src/kube/kubeconfig_needs.ts) to learn the hosts and files it names; it does
- * no I/O of its own. ssh2 and the controller load in the Worker only.
+ * no I/O of its own beyond two debug variables it reads (LOG_TOKENS, LOG_STREAM). ssh2 and the controller load in the
+ * Worker only.
  * This module is its own Worker, so the air-gapped bundle and the compiled binary stay one file.
  */
 import { commandPermissions, type Facts } from "./src/cli/permissions.ts";

@@ -1,12 +1,7 @@
 /** `run`: the controller process: clients, leader election, health, signals, graceful shutdown. */
-import {
-  type ClientOptions,
-  KubeClient,
-  KubeconfigError,
-  KubeConnectError,
-  KubeError,
-  type Resource,
-} from "./kube/client.ts";
+import { type ClientOptions, KubeClient, KubeError, type Resource } from "./kube/client.ts";
+import { KubeconfigError } from "./kube/kubeconfig_needs.ts";
+import { KubeConnectError } from "./kube/transport.ts";
 import { NAMESPACES } from "./kube/resources.ts";
 import type { KubeObject } from "./api/types.ts";
 import { acquireLeadership, fencedApi, type Leadership } from "./kube/leader.ts";
@@ -192,7 +187,7 @@ export async function readClusterId(
 }
 
 /**
- * The client, or one line naming what is wrong and how to fix it (client.ts's KubeconfigError names the kubeconfig
+ * The client, or one line naming what is wrong and how to fix it (kubeconfig.ts's KubeconfigError names the kubeconfig
  * file, the context and the file or field at fault; "no kubeconfig found" lists the places tried). `opts` is for tests.
  */
 export async function loadClient(kubeconfig?: string, opts?: ClientOptions): Promise<KubeClient> {

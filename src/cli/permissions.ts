@@ -17,7 +17,7 @@ import {
 } from "../host/lab_hosts.ts";
 import { hostPort, kubeconfigNeeds, proxyFromEnvironment, SERVICE_ACCOUNT_DIR } from "../kube/kubeconfig_needs.ts";
 
-/** What src/kube/client.ts reads (an ungranted variable reads as unset there), and the controller's own two. */
+/** What src/kube/kubeconfig.ts reads (an ungranted variable reads as unset there), and the controller's own two. */
 const CLIENT_ENV = [
   "KUBECONFIG",
   "HOME",
@@ -147,7 +147,7 @@ interface KubeAccess {
 }
 
 /**
- * Where src/kube/client.ts will find its configuration, in its order (--kubeconfig, every file of $KUBECONFIG,
+ * Where src/kube/kubeconfig.ts will find its configuration, in its order (--kubeconfig, every file of $KUBECONFIG,
  * in-cluster, ~/.kube/config), and what connecting with it takes: the server, a proxy (the kubeconfig's or the
  * environment's), files, an exec plugin.
  */

@@ -1,8 +1,8 @@
 /**
  * Which lab hosts this controller may reach, and where a lab host's name is reached: `--lab-hosts` and
  * `--host-alias`. The list becomes the Deno network permission of the controller (src/cli/permissions.ts), so a
- * VirtualTargetClass cannot point the controller at anything the deployment did not name. Light on purpose: the
- * launcher imports it before any npm code is loaded.
+ * VirtualTargetClass cannot point the controller at anything the deployment did not name. Light on purpose (no npm
+ * import): the launcher, which runs with the broad permissions, imports it (main.ts).
  */
 
 /** The RFC 1918 ranges on port 22: a lab on a private network works without configuring anything. */

@@ -61,7 +61,7 @@ export type Attempt =
   /** No HTTP answer: `code` is the connect error's (ECONNREFUSED, ECONNRESET, ETIMEDOUT, ...). */
   | { connectError: string };
 
-/** Codes of failures to open a connection (client.ts's dial; ETIMEDOUT is its connect bound): nothing was sent. */
+/** Codes of failures to open a connection (transport.ts's dial; ETIMEDOUT is its connect bound): nothing was sent. */
 const NOT_SENT = new Set(["ECONNREFUSED", "EHOSTUNREACH", "ENETUNREACH", "EAI_AGAIN", "EPROXY", "ETIMEDOUT"]);
 /** Codes where the request may have arrived and been acted on. */
 const MAYBE_SENT = new Set(["ECONNRESET", "EPIPE"]);

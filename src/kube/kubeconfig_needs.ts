@@ -1,8 +1,8 @@
 /**
  * Kubeconfig files read the way client-go reads them, _pure_ (no file, network or environment access): merging of a
  * $KUBECONFIG list, the context to use, relative paths resolved against the directory of the file that names them,
- * and errors that name the file, the context and the fix. `client.ts` connects with the result; `kubeconfigNeeds` tells
- * a permission set what connecting will touch.
+ * and errors that name the file, the context and the fix. `kubeconfig.ts` reads the files and credentials the result
+ * names, and `transport.ts` connects with it; `kubeconfigNeeds` tells a permission set what connecting will touch.
  */
 import { parse } from "yaml";
 
