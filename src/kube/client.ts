@@ -1,14 +1,14 @@
 /**
  * The only door to the API server: REST calls and raw watch streams, paced by flowcontrol.ts's token bucket and tried
  * again where its retryDelay says it is safe. The configuration and credentials come from kubeconfig.ts, the
- * connections from transport.ts. Hand-written rather than client-node's request layer, which makes one TLS handshake per request and
- * needs an unscoped --allow-env: README, "Why these parts are hand-written", has the figures.
+ * connections from transport.ts. Hand-written rather than client-node's request layer, which makes one TLS handshake
+ * per request and needs an unscoped --allow-env: README, "Why these parts are hand-written", has the figures.
  */
 import type { KubeObject } from "../api/types.ts";
 import { abortableSleep } from "./backoff.ts";
 import { type Attempt, DEFAULT_BURST, DEFAULT_QPS, retryDelay, TokenBucket } from "./flowcontrol.ts";
-import { type Auth, type ClientSource, type Credentials, loadConfig, type LoadOptions } from "./kubeconfig.ts";
-import { KubeConnectError, Transport } from "./transport.ts";
+import { type ClientSource, type Credentials, loadConfig, type LoadOptions } from "./kubeconfig.ts";
+import { type Auth, KubeConnectError, Transport } from "./transport.ts";
 
 export interface Resource {
   group: string; // "" for core
@@ -144,12 +144,7 @@ export class KubeClient implements KubeApi {
   static async load(kubeconfigPath?: string, opts: ClientOptions = {}): Promise<KubeClient> {
     const config = await loadConfig(kubeconfigPath, opts);
     const transport = new Transport(new URL(config.server), {
-      ca: config.ca,
-      cert: config.cert,
-      key: config.key,
-      servername: config.servername,
-      insecure: config.insecure,
-      proxy: config.proxy,
+      ...config.endpoint,
       connectTimeoutMs: opts.connectTimeoutMs ?? 10_000,
     });
     const limiter = new TokenBucket(opts.qps ?? DEFAULT_QPS, opts.burst ?? DEFAULT_BURST);

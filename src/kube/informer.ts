@@ -1,6 +1,7 @@
 /**
- * List + watch + cache for one resource, owned here rather than taken from client-node (whose informers under Deno
- * either stall on a half-dead connection or reconnect in a hot loop).
+ * List + watch + cache for one resource, owned here rather than taken from client-node, whose Watch under Deno never
+ * ends on a half-dead stream: undici ignores an abort once the response headers are in (README, "Why these parts are
+ * hand-written").
  *
  * - Watches ask for bookmarks and carry a server-side timeout, so a healthy quiet watch ends by itself; a watch that
  *   sends nothing (not even the server's close) for `idleTimeoutMs` is presumed dead and restarted.

@@ -13,6 +13,7 @@ import {
   resolveKubeconfig,
   SERVICE_ACCOUNT_DIR,
 } from "./kubeconfig_needs.ts";
+import type { Auth, Endpoint } from "./transport.ts";
 
 export interface LoadOptions {
   /** Where $KUBECONFIG, $HOME, KUBERNETES_SERVICE_* and the proxy variables are read (tests); default Deno.env. */
@@ -36,14 +37,8 @@ export interface ClientConfig {
   /** `https://host:port` (or http). */
   server: string;
   source: ClientSource;
-  /** PEM. */
-  ca?: string;
-  cert?: string;
-  key?: string;
-  servername?: string;
-  insecure: boolean;
-  /** The kubeconfig's proxy-url, else the environment's for this server. */
-  proxy?: URL;
+  /** TLS as the kubeconfig says; the proxy is its proxy-url, else the environment's for this server. */
+  endpoint: Endpoint;
   credentials: Credentials;
 }
 
@@ -74,12 +69,14 @@ export async function loadConfig(kubeconfigPath?: string, opts: LoadOptions = {}
       cluster: conn.cluster,
       user: conn.user,
     },
-    ca,
-    cert,
-    key,
-    servername: conn.tlsServerName,
-    insecure: conn.insecureSkipTlsVerify,
-    proxy: proxy ? new URL(proxy) : undefined,
+    endpoint: {
+      ca,
+      cert,
+      key,
+      servername: conn.tlsServerName,
+      insecure: conn.insecureSkipTlsVerify,
+      proxy: proxy ? new URL(proxy) : undefined,
+    },
     credentials,
   };
 }
@@ -207,14 +204,6 @@ async function readFor(conn: KubeconfigConnection, file: string, field: string, 
 }
 
 // ---------------------------------------------------------------- credentials
-
-/** What one request authenticates with. */
-export interface Auth {
-  headers: Record<string, string>;
-  /** A client certificate an exec plugin returned, instead of the kubeconfig's. */
-  cert?: string;
-  key?: string;
-}
 
 interface ExecCredential {
   token?: string;

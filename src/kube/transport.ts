@@ -14,7 +14,6 @@ import https from "node:https";
 import net from "node:net";
 import tls from "node:tls";
 import type { Duplex } from "node:stream";
-import type { Auth } from "./kubeconfig.ts";
 import { hostPort } from "./kubeconfig_needs.ts";
 
 /** The API server (or the proxy on the way) could not be reached: no HTTP answer at all. */
@@ -36,13 +35,25 @@ export class KubeConnectError extends Error {
   }
 }
 
-export interface TransportOptions {
+/** What one request authenticates with (kubeconfig.ts's Credentials give it). */
+export interface Auth {
+  headers: Record<string, string>;
+  /** A client certificate an exec plugin returned, instead of the kubeconfig's. */
+  cert?: string;
+  key?: string;
+}
+
+/** How the server is reached, as a kubeconfig says: TLS (PEMs) and the proxy. */
+export interface Endpoint {
   ca?: string;
   cert?: string;
   key?: string;
   servername?: string;
   insecure: boolean;
   proxy?: URL;
+}
+
+export interface TransportOptions extends Endpoint {
   connectTimeoutMs: number;
 }
 
