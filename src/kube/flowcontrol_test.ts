@@ -16,7 +16,7 @@ Deno.test("flowcontrol: the token bucket lets a burst through, then paces at qps
 });
 
 Deno.test("flowcontrol: a wait that is aborted gives its token back", async () => {
-  let now = 0;
+  const now = 0;
   const b = new TokenBucket(10, 1, () => now);
   assert.equal(b.reserve(), 0);
   const abort = new AbortController();
