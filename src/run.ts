@@ -6,7 +6,7 @@ import { NAMESPACES } from "./kube/resources.ts";
 import type { KubeObject } from "./api/types.ts";
 import { acquireLeadership, fencedApi, type Leadership } from "./kube/leader.ts";
 import { createLogger, type Level } from "./observe/log.ts";
-import { Metrics } from "./observe/metrics.ts";
+import { Metrics, type Sample } from "./observe/metrics.ts";
 import { type HealthServer, parseBindAddress, serveHealth } from "./observe/health.ts";
 import { SshPool } from "./host/ssh.ts";
 import { LabHosts } from "./host/lab.ts";
@@ -92,6 +92,12 @@ export async function runController(o: RunOptions): Promise<number> {
     "Requests sent again after a 429, a 5xx or a lost connection (Retry-After honoured).",
     () => [[{}, client.retries]],
     "counter",
+  );
+  // what of the RSS is this isolate's V8 heap (bounded by the launcher's --max-old-space-size) and what is outside it
+  metrics.gauge(
+    "deno_memory_bytes",
+    "Deno.memoryUsage() of the controller's isolate: rss (the whole process), heapTotal, heapUsed, external.",
+    () => Object.entries(Deno.memoryUsage()).map(([kind, bytes]): Sample => [{ kind }, bytes]),
   );
   // exactly what the controller's informers will watch (cachesFrom makes them), read once before anything starts
   await preflight(client, Object.values(cachesFrom((r) => r)), o.namespace, o.kubeconfig);

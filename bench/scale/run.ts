@@ -64,6 +64,8 @@ export interface SizeResult {
   };
   teardown: Phase & { leftovers: string[] };
   rssMiB: { idle: number; converged: number; peak: number; afterTeardown: number };
+  /** The controller isolate's Deno.memoryUsage() (its deno_memory_bytes gauge), MiB: what of the RSS is V8's heap. */
+  memoryMiB: Record<"idle" | "converged" | "afterTeardown", Record<string, number>>;
   /** (converged - idle) / instances, KiB. */
   kibPerInstanceAboveIdle: number;
   hostMemory: { pssKiBPerHost: number; tmpfsKiBPerHost: number; processesPerHost: number };
@@ -76,6 +78,7 @@ interface Snap {
   cpu: number;
   rss: number;
   peak: number;
+  memory: Record<string, number>;
   api: number;
   apiByCall: Record<string, number>;
   served: number;
@@ -154,13 +157,16 @@ export async function runSize(o: RunOptions): Promise<SizeResult> {
       deployCommands: 0,
       teardownCommands: 0,
       connectionsDuringPhases: 0,
+      hostBusy: 0,
       clientCpu: { deploy: NaN, teardown: NaN },
     }
     : await measureFloor(renderFleet(floorSeed, fleet, await labFacts(floorSeed.sets[0].host)));
   const afterFloor = await leftovers();
   if (afterFloor.length) throw new Error(`floor left instances: ${afterFloor.slice(0, 5).join("; ")}`);
   log(
-    `${n}x${perHost}: floor deploy ${floor.deploySeconds.toFixed(1)} s, remove ${floor.teardownSeconds.toFixed(1)} s`,
+    `${n}x${perHost}: floor deploy ${floor.deploySeconds.toFixed(1)} s, remove ${
+      floor.teardownSeconds.toFixed(1)
+    } s (${floor.hostBusy} host-busy retries)`,
   );
 
   // ---- the controller's world
@@ -194,6 +200,9 @@ export async function runSize(o: RunOptions): Promise<SizeResult> {
       cpu: proc.cpuSeconds,
       rss: proc.rssMiB,
       peak: proc.peakRssMiB,
+      memory: Object.fromEntries(
+        m.filter((x) => x.name === "deno_memory_bytes").map((x) => [x.labels.kind, x.value / 2 ** 20]),
+      ),
       api: total(m, "rest_client_requests_total"),
       apiByCall: Object.fromEntries(
         m.filter((x) => x.name === "rest_client_requests_total").map((x) => [
@@ -275,7 +284,7 @@ export async function runSize(o: RunOptions): Promise<SizeResult> {
     log(
       `${n}x${perHost}: all Available after ${converge.seconds.toFixed(1)} s; CPU ${
         converge.cpuSeconds.toFixed(1)
-      } s, RSS ${s1.rss.toFixed(0)} MiB (peak ${s1.peak.toFixed(0)})`,
+      } s, RSS ${s1.rss.toFixed(0)} MiB (peak ${s1.peak.toFixed(0)}), ${JSON.stringify(s1.memory)} MiB`,
     );
     const mem = await hostMemory();
 
@@ -341,6 +350,7 @@ export async function runSize(o: RunOptions): Promise<SizeResult> {
       steady,
       teardown,
       rssMiB: { idle: s0.rss, converged: s1.rss, peak: s3.peak, afterTeardown: s3.rss },
+      memoryMiB: { idle: s0.memory, converged: s1.memory, afterTeardown: s3.memory },
       kibPerInstanceAboveIdle: ((s1.rss - s0.rss) * 1024) / instances,
       hostMemory: {
         pssKiBPerHost: mem.pssKiB / n,

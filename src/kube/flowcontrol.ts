@@ -47,10 +47,15 @@ export class TokenBucket {
     return this.tokens >= 0 ? 0 : -this.tokens / this.qps * 1000;
   }
 
-  /** Waits for a token (an abort ends the wait; the token stays spent, as a request that was sent would). */
+  /**
+   * Waits for a token. An abort ends the wait and gives the token back, as Go's Reservation.Cancel does: the request
+   * was never sent. Kept spent, every request timed out in a queue longer than its deadline (30 s: 1500 requests at
+   * 50 qps, a wave of creates) burned a token, and so did its retry: the bucket paced requests nobody sent.
+   */
   async take(signal?: AbortSignal): Promise<number> {
     const ms = this.reserve();
     if (ms > 0) await abortableSleep(ms, signal);
+    if (ms > 0 && signal?.aborted) this.tokens += 1;
     return ms;
   }
 }

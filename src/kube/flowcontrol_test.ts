@@ -15,6 +15,18 @@ Deno.test("flowcontrol: the token bucket lets a burst through, then paces at qps
   assert.throws(() => new TokenBucket(5, 0), /burst must be >= 1/);
 });
 
+Deno.test("flowcontrol: a wait that is aborted gives its token back", async () => {
+  const now = 0;
+  const b = new TokenBucket(10, 1, () => now);
+  assert.equal(b.reserve(), 0);
+  const abort = new AbortController();
+  const waiting = b.take(abort.signal);
+  abort.abort();
+  await waiting;
+  // without the aborted one, the next caller waits 100 ms (one token at 10 qps), not 200
+  assert.ok(Math.abs(b.reserve() - 100) < 1e-6);
+});
+
 Deno.test("flowcontrol: 429 is retried for every method, 5xx and lost connections only where it is safe", () => {
   const r = () => 1; // the top of the jitter range
   const s = (status: number, retryAfter?: string) => ({ status, retryAfter });

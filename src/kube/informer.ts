@@ -43,6 +43,16 @@ export interface Cache<T> {
   list(namespace?: string): T[];
 }
 
+/**
+ * Drops what nobody here reads but every object carries: `metadata.managedFields`, server-side apply's record, one
+ * entry per writer (an Exporter of ours has three: create, annotations, Jumpstarter's status), each a tree of objects
+ * per field written, held for every cached object. Writes are merge patches, which leave it alone on the server.
+ */
+function slim<T extends KubeObject>(o: T): T {
+  delete (o.metadata as { managedFields?: unknown }).managedFields;
+  return o;
+}
+
 export class Informer<T extends KubeObject> implements Cache<T> {
   private readonly cache = new Map<string, T>();
   private readonly handlers: Handler<T>[] = [];
@@ -137,7 +147,7 @@ export class Informer<T extends KubeObject> implements Cache<T> {
       }, signal);
       // List items of built-in types come without apiVersion/kind (watch events carry them): fill them in so every
       // cached object can be referred to, e.g. as an Event's involvedObject.
-      for (const item of page.items) fresh.set(objectKey(item), { ...this.typeMeta, ...item });
+      for (const item of page.items) fresh.set(objectKey(item), slim({ ...this.typeMeta, ...item }));
       cont = page.metadata.continue || undefined;
       rv = page.metadata.resourceVersion ?? "";
     } while (cont);
@@ -184,7 +194,7 @@ export class Informer<T extends KubeObject> implements Cache<T> {
         }
         this.resourceVersion = ev.object.metadata.resourceVersion ?? this.resourceVersion;
         if (ev.type === "BOOKMARK") continue;
-        const key = objectKey(ev.object);
+        const key = objectKey(slim(ev.object));
         if (ev.type === "DELETED") this.cache.delete(key);
         else this.cache.set(key, ev.object);
         this.emit(ev.type, ev.object);

@@ -132,8 +132,8 @@ async function deploy(
     ctx.applied.delete(e.metadata.uid!);
     ctx.recorder.event(e, "Normal", "Moved", `removed from ${from.host}, the set's host is now ${target.host}`);
   }
-  // The target is recorded before anything reaches the host, so that teardown finds a half-done deploy; the host
-  // annotation (what people read) only once the instance is really there.
+  // The target is recorded before anything reaches the host, so that teardown finds a half-done deploy (for a new
+  // Exporter, by its create: writes.ts); the host annotation (what people read) only once the instance is really there.
   if (previous !== where) await annotate(ctx, e, { [TARGET_ANNOTATION]: where, [HOST_ANNOTATION]: null });
 
   const token = decodeSecretValue(ctx.caches.secrets.get(ns, e.status!.credential!.name), "token");

@@ -17,7 +17,7 @@ import { fieldErrorLine } from "./params.ts";
 import { demandRoom, type ExporterView, plan, selectorString, withDefaults } from "./plan.ts";
 import { retryAfterMs } from "./problems.ts";
 import { computeStatus, type ExporterState, type Problem, type StatusInput } from "./status.ts";
-import { cachedSetTarget } from "./targets.ts";
+import { cachedSetTarget, targetString } from "./targets.ts";
 import { finalizeAll, orphaned } from "./teardown.ts";
 import { rememberTarget } from "./known_targets.ts";
 import { act, lastStatus, pendingCreates, writeStatus } from "./writes.ts";
@@ -92,7 +92,7 @@ export async function reconcile(ctx: Context, key: string): Promise<Outcome> {
   // nothing can be deployed until the configuration is fixed; under foreground deletion the garbage collector is
   // deleting them
   if (!params || !target || set.metadata.deletionTimestamp) p.create = 0;
-  await act(ctx, set, p);
+  await act(ctx, set, p, target && targetString(target));
   // 4. Status.
   const exporterStates: ExporterState[] = live.map((e, i) => ({
     name: e.metadata.name!,
