@@ -47,7 +47,16 @@ const FAULTS: Fault[] = [
   "429",
 ];
 
-const pick = <T>(xs: T[]): T => xs[Math.floor(Math.random() * xs.length)];
+/**
+ * A random one of `xs`, among those whose name contains the environment variable `env` when it is set (to run again
+ * the combination a failed trial drew, e.g. QSP_FAULT_DELETION_ORDER="delete -f" QSP_FAULT_DELETION_FAULT=past).
+ */
+function pick<T>(xs: T[], env: string, name: (x: T) => string): T {
+  const only = Deno.env.get(env);
+  const from = only ? xs.filter((x) => name(x).includes(only)) : xs;
+  if (from.length === 0) throw new Error(`${env}=${only} matches none of: ${xs.map(name).join("; ")}`);
+  return from[Math.floor(Math.random() * from.length)];
+}
 
 export async function deletionScenario(trials: number, stormMs: number): Promise<Outcome[]> {
   const dir = await Deno.makeTempDir({ prefix: "qsp-faults-deletion-" });
@@ -65,7 +74,9 @@ export async function deletionScenario(trials: number, stormMs: number): Promise
     probe = await KubeClient.load(kubeconfig, { qps: 0 });
     const env = { kubeconfig: cp.kubeconfigPath, controllerKubeconfig: kubeconfig, storm, probe, stormMs };
     for (let i = 1; i <= trials; i++) {
-      results.push(await deletionTrial(env, `#${i}`, pick(DELETION_ORDERS), pick(FAULTS)));
+      const order = pick(DELETION_ORDERS, "QSP_FAULT_DELETION_ORDER", (o) => o.name);
+      const fault = pick(FAULTS, "QSP_FAULT_DELETION_FAULT", (f) => f);
+      results.push(await deletionTrial(env, `#${i}`, order, fault));
     }
   } finally {
     await storm?.remove().catch(() => {});

@@ -8,7 +8,8 @@
  * QSP_FAULT_SILENCE_SECONDS: how long the controller's connections stay silent (default 10).
  * QSP_FAULT_STORM_SECONDS: how long the API server answers the controller 429 (default 10).
  * QSP_FAULT_CLUSTER_TRIALS: random changes of cluster A in the two-clusters world (default 3).
- * QSP_FAULT_DELETION_TRIALS: deletion orders, each with a random fault (default 2).
+ * QSP_FAULT_DELETION_TRIALS: deletion orders, each with a random fault (default 2); QSP_FAULT_DELETION_ORDER and
+ * QSP_FAULT_DELETION_FAULT (parts of their names) narrow the draw, e.g. to run again the one a failed trial drew.
  * QSP_FAULT_FULL=1: wait for the controller to notice a cut network (about a minute: SSH keepalive) instead of
  * restoring it after 10 s.
  */

@@ -12,7 +12,7 @@ import { startControlPlane } from "../controlplane/controlplane.ts";
 import { installCrdsAt } from "../env.ts";
 import { leaseExporter } from "../e2e_world.ts";
 import { EXPORTERS } from "../../src/kube/resources.ts";
-import { checkInvariants, clusterSnapshot, foreignClusterChanges, settledWorld, trial } from "./invariants.ts";
+import { checkInvariants, clusterSnapshot, foreignClusterChanges, trial } from "./invariants.ts";
 import { FaultWorld, type Outcome, randomBetween, sleep } from "./world.ts";
 
 /** Sweeps on, and often: a sweep that took the other cluster's instances for its own would act within a trial. */
@@ -30,23 +30,32 @@ export async function twoClustersScenario(trials: number): Promise<Outcome[]> {
   let b: FaultWorld | undefined;
   let failed = false;
   try {
-    a = await settledWorld("two", { sweepSeconds: SWEEP_SECONDS });
+    a = await FaultWorld.create({ prefix: "two", sweepSeconds: SWEEP_SECONDS });
     // the same namespace name in cluster B, as with Jumpstarter's default `jumpstarter`: only the identity tells
     b = await FaultWorld.create({ kubeconfig: cpB.kubeconfigPath, namespace: a.ns, sweepSeconds: SWEEP_SECONDS });
     if (a.identity === b.identity) throw new Error(`both clusters have the identity ${a.identity}`);
-    await b.seed((s) => Object.assign(s.spec, FaultWorld.LOW, { minAvailableReplicas: B_REPLICAS }));
+    // B first: its instances are on the host before A's controller starts (and sweeps at once)
+    // capped at its count, so that the lease does not make it scale up for one more available
+    await b.seed((s) =>
+      Object.assign(s.spec, { minReplicas: 0, minAvailableReplicas: B_REPLICAS, maxReplicas: B_REPLICAS })
+    );
     await b.controller.start();
     const baseB = await checkInvariants(b);
     if (!baseB.ok) throw new Error(`cluster B's baseline did not hold: ${baseB.violations.join("; ")}`);
     const [leased] = await b.exporters();
     await leaseExporter(b.client, b.ns, leased.metadata.name!, { lease: "cluster-b" });
     const before = await clusterSnapshot(b);
-    const count = [...(await b.inspectAll()).values()].flatMap((h) => h.instances).filter((i) => b!.owns(i)).length;
+    const wb = b;
+    const count = [...(await b.inspectAll()).values()].flatMap((h) => h.instances).filter((i) => wb.owns(i)).length;
     if (count !== B_REPLICAS) throw new Error(`cluster B has ${count} instances on the hosts, want ${B_REPLICAS}`);
+    await a.seed((s) => Object.assign(s.spec, FaultWorld.LOW));
+    await a.controller.start();
+    const baseA = await checkInvariants(a);
+    if (!baseA.ok) throw new Error(`cluster A's baseline did not hold: ${baseA.violations.join("; ")}`);
+    const wa = a;
 
     for (let i = 1; i <= trials; i++) {
       const change = CHANGES[Math.floor(Math.random() * CHANGES.length)];
-      const [wa, wb] = [a, b];
       results.push(
         await trial(wa, "two-clusters", `#${i} ${change}`, async (checks) => {
           const fault = await applyChange(wa, change);
