@@ -3,7 +3,7 @@
  * subprocess, its own cluster identity, the orphan sweep every 2 s), a namespace of the same name in both, and both
  * sets on the seed's host. Cluster B's set has two instances, one of them leased; cluster A's takes random changes and
  * faults: scale up or down, the controller SIGKILLed mid-work or restarted, the set deleted and re-created, an
- * Exporter force-deleted while the controller is down (an orphan its sweep must remove). After every trial A's
+ * Exporter force-deleted while the controller is down (an orphan its sweep must remove: always the first trial). After every trial A's
  * invariants hold and B's instances are file for file, unit for unit, container for container and volume for volume
  * as before the first trial (invariant 7: 0 foreign changes). The reverse, A's instances untouched by B's sweeps, is
  * invariants 1 and 6 of each trial (A's files all there, its leased instance never restarted) while B's sweep runs.
@@ -55,7 +55,8 @@ export async function twoClustersScenario(trials: number): Promise<Outcome[]> {
     const wa = a;
 
     for (let i = 1; i <= trials; i++) {
-      const change = CHANGES[Math.floor(Math.random() * CHANGES.length)];
+      // first an orphan of A's, so that even one trial has A's sweep remove something next to B's instances
+      const change = i === 1 ? "orphan" : CHANGES[Math.floor(Math.random() * CHANGES.length)];
       results.push(
         await trial(wa, "two-clusters", `#${i} ${change}`, async (checks) => {
           const fault = await applyChange(wa, change);
