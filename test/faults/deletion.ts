@@ -127,7 +127,15 @@ async function deletionTrial(env: TrialEnv, trial: string, order: DeletionOrder,
       for (const n of names) if (await hostHas(host, n)) return false;
       return true;
     }, { what: "no Exporter left and the host clean", timeoutMs: (GRACE_S + SLACK_S) * 1000 + 120_000 })
-      .catch((e) => problems.push(String(e instanceof Error ? e.message : e)));
+      .catch(async () => {
+        const exporters = (await w.client.list<Exporter>(EXPORTERS, w.ns)).items.map((e) => e.metadata.name);
+        const onHost = [];
+        for (const n of names) if (await hostHas(host, n)) onHost.push(n);
+        problems.push(
+          `not cleaned up in ${secondsSince(started).toFixed(0)} s: Exporters [${exporters.join(", ")}], ` +
+            `instances still on ${host.name} [${onHost.join(", ")}]`,
+        );
+      });
     const cleanup = secondsSince(started);
     await held.stop();
     const oldest = held.oldestSeconds;
@@ -153,7 +161,7 @@ async function deletionTrial(env: TrialEnv, trial: string, order: DeletionOrder,
     fault,
     ok: problems.length === 0,
     seconds: secondsSince(t0),
-    note: problems.length ? problems.join("; ") : note,
+    note: [...problems, note].filter((x) => x).join("; "),
   };
   outcomes.push(o);
   console.log(
