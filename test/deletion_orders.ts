@@ -24,6 +24,11 @@ export interface DeletionOrder<W extends Seeded = Seeded> {
   run(w: W): Promise<void>;
   /** The namespace itself goes. */
   namespaceGone?: boolean;
+  /**
+   * No key the host takes is left in the cluster (the Secret goes, or its key is rotated): only the controller's
+   * memory of the key the host took can reach it, which a restart loses (README, "Removal and the sweep").
+   */
+  keyGone?: boolean;
 }
 
 export const deleteSeeded = (w: Seeded, what: "secret" | "class" | "set") =>
@@ -43,12 +48,14 @@ export const degradedBy = (w: Seeded, reason: string, timeoutMs?: number) =>
 export const DELETION_ORDERS: DeletionOrder[] = [
   {
     name: "kubectl delete -f of the seed file (Secret, class, set in file order)",
+    keyGone: true,
     async run(w) {
       for (const x of ["secret", "class", "set"] as const) await deleteSeeded(w, x);
     },
   },
   {
     name: "kubectl delete namespace",
+    keyGone: true,
     namespaceGone: true,
     run: (w) => w.client.delete(NAMESPACES, undefined, w.ns),
   },
@@ -62,6 +69,7 @@ export const DELETION_ORDERS: DeletionOrder[] = [
   },
   {
     name: "the Secret deleted first",
+    keyGone: true,
     async run(w) {
       await deleteSeeded(w, "secret");
       await degradedBy(w, "CredentialsNotFound");
@@ -70,6 +78,7 @@ export const DELETION_ORDERS: DeletionOrder[] = [
   },
   {
     name: "the Secret's key rotated to one the host does not take yet",
+    keyGone: true,
     async run(w) {
       const key = Buffer.from(await ed25519Key("rotated")).toString("base64");
       await w.client.mergePatch<Secret>(SECRETS, w.ns, KEY_SECRET, { data: { "ssh-privatekey": key } });

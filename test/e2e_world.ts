@@ -247,7 +247,10 @@ export async function instanceState(host: LabHost, names: string[]): Promise<str
   return (await sh(
     host,
     `{ sha256sum ${files.map(q).join(" ")}; ` +
-      `systemctl show -p Id,InvocationID,ActiveEnterTimestamp ${containers.map((c) => `${c}.service`).join(" ")}; ` +
+      // one line per unit, naming it (callers pick an instance's lines by its name)
+      `for u in ${containers.join(" ")}; do ` +
+      `echo "$u.service $(systemctl show -p InvocationID,ActiveEnterTimestamp --value "$u.service" | tr '\n' ' ')"; ` +
+      `done; ` +
       `podman inspect -f '{{.Name}} {{.Id}} {{.State.StartedAt}} {{.RestartCount}}' ${containers.join(" ")}; ` +
       `podman volume inspect -f '{{.Name}} {{.CreatedAt}}' ${names.map(volumeName).join(" ")}; } 2>&1 || true`,
   )).trim();
