@@ -4,94 +4,29 @@
  * Each prints its time to full cleanup (Exporters gone and host clean, from the first delete).
  */
 import assert from "node:assert/strict";
-import { Buffer } from "node:buffer";
 import { waitFor } from "./env.ts";
-import {
-  applySeed,
-  CLASS,
-  cond,
-  exporters,
-  getSet,
-  hostHas,
-  plugIn,
-  SET,
-  unplug,
-  waitReady,
-  type World,
-  world,
-} from "./e2e_world.ts";
-import { EXPORTER_SETS, NAMESPACES, SECRETS, VIRTUAL_TARGET_CLASSES } from "../src/kube/resources.ts";
-import type { Secret } from "../src/api/types.ts";
-import { ed25519Key } from "./fixtures.ts";
+import { applySeed, exporters, hostHas, plugIn, unplug, waitReady, type World, world } from "./e2e_world.ts";
+import { NAMESPACES } from "../src/kube/resources.ts";
+import { deleteSeeded, DELETION_ORDERS, type DeletionOrder } from "./deletion_orders.ts";
 
 const opts = { sanitizeOps: false, sanitizeResources: false };
 /** The bound under test: short, so the unreachable case ends soon; teardowns that can succeed do so well within. */
 const GRACE_MS = 20_000;
 
-const del = (w: World, what: "secret" | "class" | "set") =>
-  what === "secret"
-    ? w.client.delete(SECRETS, w.ns, "lab-ssh-key")
-    : what === "class"
-    ? w.client.delete(VIRTUAL_TARGET_CLASSES, w.ns, CLASS)
-    : w.client.delete(EXPORTER_SETS, w.ns, SET);
-
-/** The set's Degraded reason once it is `reason`: the controller has seen what went. */
-const degradedBy = (w: World, reason: string) =>
-  waitFor(async () => cond(await getSet(w), "Degraded")?.reason === reason, { what: `Degraded ${reason}` });
-
-interface Case {
-  name: string;
-  /** Deletes, from the first delete on (timed). */
-  run(w: World): Promise<void>;
+interface Case extends DeletionOrder<World> {
   /** Whether the teardown may be given up (nothing can reach the host). */
   abandons?: boolean;
-  /** The namespace itself goes. */
-  namespaceGone?: boolean;
 }
 
 const CASES: Case[] = [
-  {
-    name: "kubectl delete -f of the seed file (Secret, class, set in file order)",
-    async run(w) {
-      for (const x of ["secret", "class", "set"] as const) await del(w, x);
-    },
-  },
-  {
-    name: "kubectl delete namespace",
-    namespaceGone: true,
-    run: (w) => w.client.delete(NAMESPACES, undefined, w.ns),
-  },
-  {
-    name: "the class deleted first",
-    async run(w) {
-      await del(w, "class");
-      await degradedBy(w, "VirtualTargetClassNotFound");
-      await del(w, "set");
-    },
-  },
-  {
-    name: "the Secret deleted first",
-    async run(w) {
-      await del(w, "secret");
-      await degradedBy(w, "CredentialsNotFound");
-      await del(w, "set");
-    },
-  },
-  {
-    name: "the Secret's key rotated to one the host does not take yet",
-    async run(w) {
-      const key = Buffer.from(await ed25519Key("rotated")).toString("base64");
-      await w.client.mergePatch<Secret>(SECRETS, w.ns, "lab-ssh-key", { data: { "ssh-privatekey": key } });
-      await del(w, "set");
-    },
-  },
+  ...DELETION_ORDERS,
   {
     name: "the host unreachable: the finalizer goes after the grace, the sweep cleans the host once it is back",
     abandons: true,
     async run(w) {
       await unplug(w.host);
       try {
-        await del(w, "set");
+        await deleteSeeded(w, "set");
         await waitFor(async () => (await exporters(w)).length === 0, {
           what: "the Exporters let go after the grace",
           timeoutMs: GRACE_MS + 60_000,

@@ -7,47 +7,23 @@
 import assert from "node:assert/strict";
 import { installCrdsAt, waitFor } from "./env.ts";
 import { startControlPlane } from "./controlplane/controlplane.ts";
-import { applySeed, exporters, hostHas, SET, sh, waitReady, type World, world } from "./e2e_world.ts";
-import { EXPORTER_SETS, EXPORTERS, JUMPSTARTER_LEASES } from "../src/kube/resources.ts";
-import type { Lease } from "../src/api/types.ts";
-import { configMountDir, configPath, quadletPath, volumeName } from "../src/host/render.ts";
+import {
+  applySeed,
+  exporters,
+  hostHas,
+  instanceState,
+  leaseExporter,
+  SET,
+  waitReady,
+  type World,
+  world,
+} from "./e2e_world.ts";
+import { EXPORTER_SETS, EXPORTERS } from "../src/kube/resources.ts";
 
 const opts = { sanitizeOps: false, sanitizeResources: false };
 
-/** A lease under way on the Exporter, as Jumpstarter records it. */
-async function lease(w: World, exporter: string): Promise<void> {
-  const l = await w.client.create<Lease>(JUMPSTARTER_LEASES, {
-    metadata: { generateName: "lease-", namespace: w.ns },
-    spec: { selector: { matchLabels: { board: "aarch64-qemu" } } },
-  });
-  await w.client.mergePatch(
-    JUMPSTARTER_LEASES,
-    w.ns,
-    l.metadata.name!,
-    { status: { exporterRef: { name: exporter } } },
-    "status",
-  );
-  await w.client.mergePatch(EXPORTERS, w.ns, exporter, { status: { leaseRef: { name: l.metadata.name } } }, "status");
-}
-
-/** Everything of the instances on the host: file digests, the containers' ids and start times, the volumes. */
-async function hostState(w: World, names: string[]): Promise<string> {
-  const q = (s: string) => `'${s}'`;
-  const files = names.flatMap((n) => [
-    quadletPath(`${n}-runtime`),
-    quadletPath(`${n}-exporter`),
-    configPath(n),
-    `${configMountDir(n)}/${n}.yaml`,
-  ]);
-  const containers = names.flatMap((n) => [`${n}-runtime`, `${n}-exporter`]);
-  return (await sh(
-    w.host,
-    `sha256sum ${files.map(q).join(" ")}; ` +
-      `podman inspect -f '{{.Name}} {{.Id}} {{.State.StartedAt}} {{.RestartCount}}' ${containers.join(" ")}; ` +
-      `podman volume inspect -f '{{.Name}} {{.CreatedAt}}' ${names.map(volumeName).join(" ")}`,
-  )).trim();
-}
-
+const lease = (w: World, exporter: string) => leaseExporter(w.client, w.ns, exporter, { board: "aarch64-qemu" });
+const hostState = (w: World, names: string[]) => instanceState(w.host, names);
 const live = async (w: World) => (await exporters(w)).filter((e) => !e.metadata.deletionTimestamp);
 
 Deno.test({

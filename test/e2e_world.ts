@@ -12,12 +12,14 @@ import {
   EVENTS,
   EXPORTER_SETS,
   EXPORTERS,
+  JUMPSTARTER_LEASES,
   NAMESPACES,
   SECRETS,
   VIRTUAL_TARGET_CLASSES,
 } from "../src/kube/resources.ts";
 import { readClusterId } from "../src/run.ts";
-import type { Exporter, ExporterSet, KubeObject, Secret, VirtualTargetClass } from "../src/api/types.ts";
+import type { Exporter, ExporterSet, KubeObject, Lease, Secret, VirtualTargetClass } from "../src/api/types.ts";
+import { configMountDir, configPath, quadletPath, volumeName } from "../src/host/render.ts";
 import { SshPool, type SshPoolOptions, type SshTarget } from "../src/host/ssh.ts";
 import { LabHosts } from "../src/host/lab.ts";
 import { Controller } from "../src/provision/controller.ts";
@@ -225,6 +227,50 @@ export async function containerIdentity(host: LabHost, name: string): Promise<st
     host,
     `podman inspect --format '{{.Name}} {{.State.StartedAt}} {{.State.Pid}}' ${name}-runtime ${name}-exporter`,
   )).trim();
+}
+
+/**
+ * Everything of the instances on the host, as one text to compare byte for byte: the digests of their files, their
+ * units' invocations (a restart starts a new one), their containers' ids and start times, their volumes.
+ */
+export async function instanceState(host: LabHost, names: string[]): Promise<string> {
+  if (names.length === 0) return "";
+  const q = (s: string) => `'${s}'`;
+  const files = names.flatMap((n) => [
+    quadletPath(`${n}-runtime`),
+    quadletPath(`${n}-exporter`),
+    configPath(n),
+    `${configMountDir(n)}/${n}.yaml`,
+  ]);
+  const containers = names.flatMap((n) => [`${n}-runtime`, `${n}-exporter`]);
+  // what is missing is part of the state (its error message), not a failure to read it
+  return (await sh(
+    host,
+    `{ sha256sum ${files.map(q).join(" ")}; ` +
+      // one line per unit, naming it (callers pick an instance's lines by its name)
+      `for u in ${containers.join(" ")}; do ` +
+      `echo "$u.service $(systemctl show -p InvocationID,ActiveEnterTimestamp --value "$u.service" | tr '\n' ' ')"; ` +
+      `done; ` +
+      `podman inspect -f '{{.Name}} {{.Id}} {{.State.StartedAt}} {{.RestartCount}}' ${containers.join(" ")}; ` +
+      `podman volume inspect -f '{{.Name}} {{.CreatedAt}}' ${names.map(volumeName).join(" ")}; } 2>&1 || true`,
+  )).trim();
+}
+
+/** A lease under way on the Exporter, as Jumpstarter records it (the Lease's status and the Exporter's leaseRef). */
+export async function leaseExporter(
+  client: KubeClient,
+  ns: string,
+  exporter: string,
+  selector: Record<string, string>,
+): Promise<void> {
+  const l = await client.create<Lease>(JUMPSTARTER_LEASES, {
+    metadata: { generateName: "lease-", namespace: ns },
+    spec: { selector: { matchLabels: selector } },
+  });
+  await client.mergePatch(JUMPSTARTER_LEASES, ns, l.metadata.name!, {
+    status: { exporterRef: { name: exporter }, ended: false },
+  }, "status");
+  await client.mergePatch(EXPORTERS, ns, exporter, { status: { leaseRef: { name: l.metadata.name } } }, "status");
 }
 
 /** Whether any trace of the instance is on the host: files, the /disk image, containers, volumes, units. */

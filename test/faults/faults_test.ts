@@ -7,6 +7,9 @@
  * QSP_FAULT_HOST_TRIALS: repetitions of the host, API, credential, disk and change scenarios (default 1).
  * QSP_FAULT_SILENCE_SECONDS: how long the controller's connections stay silent (default 10).
  * QSP_FAULT_STORM_SECONDS: how long the API server answers the controller 429 (default 10).
+ * QSP_FAULT_CLUSTER_TRIALS: changes and faults of cluster A in the two-clusters world (default 1: the orphan; then random).
+ * QSP_FAULT_DELETION_TRIALS: deletion orders, each with a random fault (default 2); QSP_FAULT_DELETION_ORDER and
+ * QSP_FAULT_DELETION_FAULT (parts of their names) narrow the draw, e.g. to run again the one a failed trial drew.
  * QSP_FAULT_FULL=1: wait for the controller to notice a cut network (about a minute: SSH keepalive) instead of
  * restoring it after 10 s.
  */
@@ -17,6 +20,8 @@ import { apiScenario } from "./api_faults.ts";
 import { credentialScenario } from "./credentials.ts";
 import { diskScenario } from "./disk.ts";
 import { changeScenario } from "./changes.ts";
+import { twoClustersScenario } from "./two_clusters.ts";
+import { deletionScenario } from "./deletion.ts";
 import { type Outcome, outcomes, outcomeTable, trialCount } from "./world.ts";
 
 const opts = { sanitizeOps: false, sanitizeResources: false };
@@ -24,6 +29,8 @@ const KILL_TRIALS = trialCount("QSP_FAULT_TRIALS", 3);
 const REPS = trialCount("QSP_FAULT_HOST_TRIALS", 1);
 const SILENCE_S = trialCount("QSP_FAULT_SILENCE_SECONDS", 10);
 const STORM_S = trialCount("QSP_FAULT_STORM_SECONDS", 10);
+const CLUSTER_TRIALS = trialCount("QSP_FAULT_CLUSTER_TRIALS", 1);
+const DELETION_TRIALS = trialCount("QSP_FAULT_DELETION_TRIALS", 2);
 const FULL = Deno.env.get("QSP_FAULT_FULL") === "1";
 const failures = (rs: Outcome[]) => rs.filter((r) => !r.ok).map((r) => `${r.trial}: ${r.note}`);
 
@@ -79,6 +86,26 @@ Deno.test({
   ...opts,
   async fn() {
     const rs = await changeScenario(REPS);
+    assert.deepEqual(failures(rs), []);
+  },
+});
+
+Deno.test({
+  name: `faults: two clusters on one lab host, sweeps on: ${CLUSTER_TRIALS} changes and faults of cluster A, ` +
+    "0 foreign changes to cluster B's instances",
+  ...opts,
+  async fn() {
+    const rs = await twoClustersScenario(CLUSTER_TRIALS);
+    assert.deepEqual(failures(rs), []);
+  },
+});
+
+Deno.test({
+  name: `faults: deletion orders with the real garbage collector and namespace controller, each under a random fault ` +
+    `(controller SIGKILL, host unreachable briefly or past the grace, ${STORM_S}s 429 storm; ${DELETION_TRIALS} trials)`,
+  ...opts,
+  async fn() {
+    const rs = await deletionScenario(DELETION_TRIALS, STORM_S * 1000);
     assert.deepEqual(failures(rs), []);
   },
 });

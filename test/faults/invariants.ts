@@ -11,16 +11,19 @@
  *    foreign instance's files on every host are byte-for-byte as they were before the first trial;
  * 6. no leased instance was restarted or removed: a second set of ours keeps one Exporter leased as Jumpstarter marks
  *    it, its runtime changes with every trial (pull policy), and its containers are the same ones (pid, start time)
- *    after every trial, unless its host rebooted.
+ *    after every trial, unless its host rebooted;
+ * 7. another cluster's instances on the same hosts (the two-clusters world) are file for file, unit invocation for
+ *    unit invocation, container for container and volume for volume as they were: 0 foreign changes.
  */
-import type { Exporter, ExporterSet, KubeObject, Lease, VirtualTargetClass } from "../../src/api/types.ts";
+import type { Exporter, ExporterSet, KubeObject, VirtualTargetClass } from "../../src/api/types.ts";
 import type { HostInspection, InspectedInstance } from "../../src/host/remote.ts";
 import { CONFIG_DIR, configPath, ownerLine } from "../../src/host/render.ts";
-import { EXPORTER_SETS, EXPORTERS, JUMPSTARTER_LEASES, VIRTUAL_TARGET_CLASSES } from "../../src/kube/resources.ts";
+import { EXPORTER_SETS, EXPORTERS, VIRTUAL_TARGET_CLASSES } from "../../src/kube/resources.ts";
 import { HOST_ANNOTATION, ownerSetName } from "../../src/provision/marks.ts";
 import { seedExample, waitFor } from "../env.ts";
 import type { LabHost } from "../labhost/labhost.ts";
-import { FaultWorld, type Outcome, outcomes, secondsSince, SET, sh, sleep } from "./world.ts";
+import { directTarget, instanceState, leaseExporter } from "../e2e_world.ts";
+import { FaultWorld, type FaultWorldOptions, type Outcome, outcomes, secondsSince, SET, sh, sleep } from "./world.ts";
 
 export interface InvariantReport {
   ok: boolean;
@@ -221,8 +224,8 @@ export async function checkInvariants(
  * A fault world seeded with the set at 1 (FaultWorld.LOW), its controller started, and the invariants holding before
  * any trial; stopped again (logs kept) if that baseline does not hold.
  */
-export async function settledWorld(prefix: string): Promise<FaultWorld> {
-  const w = await FaultWorld.create({ prefix });
+export async function settledWorld(prefix: string, opts: FaultWorldOptions = {}): Promise<FaultWorld> {
+  const w = await FaultWorld.create({ prefix, ...opts });
   try {
     await w.seed((s) => Object.assign(s.spec, FaultWorld.LOW));
     await w.controller.start();
@@ -445,14 +448,7 @@ async function leaseOne(w: FaultWorld): Promise<void> {
   }, { what: `an Exporter of ${LEASED_SET} deployed`, timeoutMs: 120_000 });
   const name = e.metadata.name!;
   const host = w.hostNamed(e.metadata.annotations![HOST_ANNOTATION])!;
-  const lease = await w.client.create<Lease>(JUMPSTARTER_LEASES, {
-    metadata: { generateName: "lease-", namespace: w.ns },
-    spec: { selector: { matchLabels: { lease: "fault-suite" } } },
-  });
-  await w.client.mergePatch(JUMPSTARTER_LEASES, w.ns, lease.metadata.name!, {
-    status: { exporterRef: { name }, ended: false },
-  }, "status");
-  await w.client.mergePatch(EXPORTERS, w.ns, name, { status: { leaseRef: { name: lease.metadata.name } } }, "status");
+  await leaseExporter(w.client, w.ns, name, { lease: "fault-suite" });
   leasedBefore.set(w, { name, host, identity: await runningIdentity({ name, host }), boot: await bootOf(host) });
 }
 
@@ -470,4 +466,39 @@ async function disruptedLeases(w: FaultWorld): Promise<string[]> {
   // reported once: the trials after it compare with what it became
   leasedBefore.set(w, { ...l, identity: now });
   return [`leased ${l.name} on ${l.host.name} was restarted or removed: ${now.trim()}`];
+}
+
+// ---------------------------------------------------------------- 7. another cluster's instances
+
+/**
+ * A world's instances on every host as they are now, by host: their names, then instanceState (file digests, unit
+ * invocations, container ids and start times, volumes).
+ */
+export async function clusterSnapshot(w: FaultWorld): Promise<Map<string, string>> {
+  const out = new Map<string, string>();
+  for (const h of w.hosts) {
+    const names = (await w.lab.inspect(await directTarget(h))).instances.filter((i) => w.owns(i)).map((i) => i.name)
+      .sort();
+    out.set(h.name, names.length ? `instances ${names.join(" ")}\n${await instanceState(h, names)}` : "");
+  }
+  return out;
+}
+
+/** "0 foreign changes": what differs in `other`'s instances from its snapshot `before`, by host; empty if nothing. */
+export async function foreignClusterChanges(other: FaultWorld, before: Map<string, string>): Promise<string[]> {
+  const now = await clusterSnapshot(other);
+  const out: string[] = [];
+  for (const [host, was] of before) {
+    const is = now.get(host) ?? "";
+    if (is === was) continue;
+    const [a, b] = [was.split("\n"), is.split("\n")];
+    const gone = a.filter((l) => !b.includes(l));
+    const added = b.filter((l) => !a.includes(l));
+    out.push(
+      `cluster ${other.clusterId}'s instances on ${host} changed: was [${gone.join(" | ")}], now [${
+        added.join(" | ")
+      }]`,
+    );
+  }
+  return out;
 }

@@ -14,14 +14,23 @@ import { readClusterId } from "../../src/run.ts";
 import { hostExec, type LabHost } from "../labhost/labhost.ts";
 import { KubeClient } from "../../src/kube/client.ts";
 import { Informer } from "../../src/kube/informer.ts";
-import { EVENTS, EXPORTER_SETS, EXPORTERS, SECRETS, VIRTUAL_TARGET_CLASSES } from "../../src/kube/resources.ts";
-import type {
-  Exporter,
-  ExporterSet,
-  ExporterSetSpec,
-  KubeObject,
-  Secret,
-  VirtualTargetClass,
+import {
+  EVENTS,
+  EXPORTER_SETS,
+  EXPORTERS,
+  NAMESPACES,
+  SECRETS,
+  VIRTUAL_TARGET_CLASSES,
+} from "../../src/kube/resources.ts";
+import { controllerIdentity } from "../../src/host/render.ts";
+import {
+  type Exporter,
+  type ExporterSet,
+  type ExporterSetSpec,
+  type KubeObject,
+  PROVISIONER,
+  type Secret,
+  type VirtualTargetClass,
 } from "../../src/api/types.ts";
 import { SshPool } from "../../src/host/ssh.ts";
 import { LabHosts } from "../../src/host/lab.ts";
@@ -121,6 +130,12 @@ export interface ControllerProcessOptions {
   resyncSeconds: number;
   logPath: string;
   logLevel?: string;
+  /** --sweep-interval (default: the product's, 300 s). */
+  sweepSeconds?: number;
+  /** --teardown-grace (default: the product's, 120 s). */
+  teardownGraceSeconds?: number;
+  /** --cluster-id (default: read from the cluster). */
+  clusterId?: string;
 }
 
 /** `deno run -A main.ts run ...` with its output appended to a log file; killable and restartable. */
@@ -153,6 +168,9 @@ export class ControllerProcess {
       ...Object.entries(o.hostAliases).flatMap(([n, a]) => ["--host-alias", `${n}=${a}`]),
       "--resync",
       String(o.resyncSeconds),
+      ...(o.sweepSeconds ? ["--sweep-interval", String(o.sweepSeconds)] : []),
+      ...(o.teardownGraceSeconds ? ["--teardown-grace", String(o.teardownGraceSeconds)] : []),
+      ...(o.clusterId ? ["--cluster-id", o.clusterId] : []),
       `--health-probe-bind-address=127.0.0.1:${port}`,
       "--log-level",
       o.logLevel ?? Deno.env.get("QSP_FAULT_LOG_LEVEL") ?? "info",
@@ -236,6 +254,12 @@ export interface FaultWorldOptions {
   controllerKubeconfig?: string;
   resyncSeconds?: number;
   prefix?: string;
+  /** The namespace to create (default: a fresh name from `prefix`), e.g. the same name in two clusters. */
+  namespace?: string;
+  sweepSeconds?: number;
+  teardownGraceSeconds?: number;
+  /** --cluster-id of the controller (default: read from the cluster, as `run` does). */
+  clusterId?: string;
 }
 
 export class FaultWorld {
@@ -261,6 +285,8 @@ export class FaultWorld {
     readonly lab: LabHosts,
     readonly controller: ControllerProcess,
     readonly dir: string,
+    /** The cluster id the controller names its instances with (its identity: controllerIdentity). */
+    readonly clusterId: string,
   ) {
     this.watcher = new Informer<Exporter>(client, EXPORTERS, { namespace: ns, log: silentLogger });
     this.watcher.on(() => {
@@ -278,7 +304,8 @@ export class FaultWorld {
     const env = await testEnv();
     const kubeconfig = opts.kubeconfig ?? env.kubeconfig;
     const client = await KubeClient.load(kubeconfig);
-    const ns = await freshNamespace(client, opts.prefix ?? "fault");
+    const ns = opts.namespace ?? await freshNamespace(client, opts.prefix ?? "fault");
+    if (opts.namespace) await client.create(NAMESPACES, { metadata: { name: ns } });
     const hosts = env.labhosts;
     const aliases = { [SEED_HOST]: hosts[0].address, [SECOND_HOST]: hosts[1].address };
     const dir = await Deno.makeTempDir({ prefix: `qsp-${ns}-` });
@@ -296,6 +323,9 @@ export class FaultWorld {
       hostAliases: aliases,
       resyncSeconds: opts.resyncSeconds ?? 5,
       logPath: `${dir}/controller.log`,
+      sweepSeconds: opts.sweepSeconds,
+      teardownGraceSeconds: opts.teardownGraceSeconds,
+      clusterId: opts.clusterId,
     });
     const w = new FaultWorld(
       env,
@@ -308,10 +338,16 @@ export class FaultWorld {
       new LabHosts(pool),
       controller,
       dir,
+      await readClusterId(client, opts.clusterId),
     );
     w.watchLoop = w.watcher.run(w.abort.signal);
     await w.watcher.synced;
     return w;
+  }
+
+  /** What the controller writes into its instances' ownership (render.ts controllerIdentity). */
+  get identity(): string {
+    return controllerIdentity(this.clusterId, PROVISIONER);
   }
 
   /** The lab host behind a host name of the class parameters. */
@@ -426,7 +462,7 @@ export class FaultWorld {
     const { controller: ctl, pool } = ourController(this.client, this.ns, this.aliases, {
       pool: { connectTimeoutMs: 5_000, backoffBaseMs: 200, backoffMaxMs: 2_000 },
       // the identity of the controller under test (`run`), or its instances would not be this sweep's to judge
-      clusterId: await readClusterId(this.client, undefined),
+      clusterId: this.clusterId,
     });
     const abort = new AbortController();
     const caches = Object.values(ctl.caches) as Informer<KubeObject>[];
@@ -483,8 +519,12 @@ export class FaultWorld {
     }
   }
 
-  /** Whether an inspected instance is this namespace's (leftovers without files are told by name or uid). */
-  owns(i: { name: string; namespace?: string; uid?: string }): boolean {
+  /**
+   * Whether an inspected instance is this world's: its cluster's and namespace's (leftovers without files are told
+   * by name or uid). Another cluster's namespace of the same name shares the host in the two-clusters world.
+   */
+  owns(i: { name: string; namespace?: string; uid?: string; controller?: string }): boolean {
+    if (i.controller !== undefined && i.controller !== this.identity) return false;
     if (i.namespace !== undefined) return i.namespace === this.ns;
     return (i.uid !== undefined && this.seenUids.has(i.uid)) || this.seenNames.has(i.name);
   }
