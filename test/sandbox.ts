@@ -206,16 +206,17 @@ async function up(hosts: number): Promise<LabHost[]> {
 
 /**
  * Tokens one issuer gave do not hold for the other (the stand-in's are not even JWTs, and v0.7.1 reuses a token Secret
- * it finds): every Exporter's Secret goes and its status forgets the credential, so the issuer now running issues new
- * ones, which the controller then writes to the hosts.
+ * it finds): every Exporter's Secret goes and its status is emptied, so the issuer now running issues new ones, which
+ * the controller then writes to the hosts.
  */
 async function reissueCredentials(client: KubeClient): Promise<void> {
   const exporters = (await client.list<Exporter>(EXPORTERS)).items.filter((e) => e.status?.credential);
   for (const e of exporters) {
     const ns = e.metadata.namespace!;
     await client.delete(SECRETS, ns, e.status!.credential!.name).catch(() => {});
-    await client.mergePatch(EXPORTERS, ns, e.metadata.name!, { status: { credential: null, endpoint: null } }, "status")
-      .catch(() => {});
+    // the whole status is the issuer's (this controller writes none of it): the new one starts from nothing, and no
+    // stale Online or lease of the old one is left behind
+    await client.mergePatch(EXPORTERS, ns, e.metadata.name!, { status: null }, "status").catch(() => {});
   }
   if (exporters.length) console.log(`credentials of ${exporters.length} Exporter(s) to be issued again`);
 }

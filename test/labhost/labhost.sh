@@ -266,7 +266,8 @@ EOF
     cat >"$R"/etc/systemd/system/labhost-images.service <<'EOF'
 [Unit]
 Description=Build the local stand-in images (no registry is reachable)
-Before=ssh.service
+# quadlet's containers start after network-online.target: never with an image about to be replaced
+Before=ssh.service network-online.target
 [Service]
 Type=oneshot
 RemainAfterExit=yes
@@ -375,7 +376,7 @@ EOF
 [Unit]
 Description=Import the images given with LAB_IMAGES over the stand-ins
 After=labhost-images.service
-Before=ssh.service
+Before=ssh.service network-online.target
 [Service]
 Type=oneshot
 RemainAfterExit=yes
