@@ -98,6 +98,9 @@ const NOT_EXERCISED: Record<string, string> = {
   "virtualtarget.jumpstarter.dev exportersets get *":
     "confirms that a set missing from the cache is gone before its Exporters are deleted; the run scales down to " +
     "none before deleting its set, so there is nothing to delete",
+  "jumpstarter.dev exporters get *":
+    "ExitAndReplace reads an Exporter afresh before deleting it once its lease ended; the run ends no lease " +
+    "(e2e_real_jumpstarter_test.ts and the sandbox demo do, as the manifests' ServiceAccount in the demo)",
 };
 
 // ---------------------------------------------------------------- rules as sets of single grants

@@ -3,16 +3,23 @@
  * status | demo | show | scale N | lease`: a local world to run the provisioner in.
  *
  * up:     a real control plane (CRDs installed), N real lab hosts, and what issues exporter credentials: the
- *         FakeJumpstarterController (--jumpstarter fake, the default), or the real Jumpstarter controller and router
- *         with the real exporter image on the lab hosts (--jumpstarter real; .sandbox/env then also has JMP and
- *         JMP_CLIENT_CONFIG for `jmp shell`); writes .sandbox/kubeconfig, .sandbox/env and .sandbox/labhosts.json.
+ *         FakeJumpstarterController (--jumpstarter fake), or the real Jumpstarter controller and router with the real
+ *         exporter image on the lab hosts (--jumpstarter real; .sandbox/env then also has JMP and JMP_CLIENT_CONFIG
+ *         for `jmp shell`); writes .sandbox/kubeconfig, .sandbox/env and .sandbox/labhosts.json. Without the flag:
+ *         whichever runs, else fake. Switching re-provisions: the lab hosts are rebooted to import the other images
+ *         (rootfs and keys kept), and the Exporters' credentials are issued again by the new issuer. Up with the real
+ *         one returns once it accepts an exporter, and refreshes .sandbox/client.yaml with its CA.
+ *         The lab network is qsplab0 / 10.77.0, or QSP_SANDBOX_BRIDGE / QSP_SANDBOX_SUBNET for a fresh sandbox (one
+ *         that runs keeps its own, recorded in .sandbox/labnet.json).
  *         Each lab host has a /dev/kvm node of its own, 0660 root:kvm as Debian and Ubuntu ship it, or --kvm-mode's
  *         (0666 as Fedora and RHEL ship it), applied when a host boots.
  *         --podman VERSION: the lab hosts run that Podman 4.x, built from source, instead of Debian's 5.4 (a host
  *         keeps the Podman it was created with: `down` first to change it).
- * demo:   up with one host, then the feature description's examples exactly as written (Secret, VirtualTargetClass,
- *         ExporterSet in namespace jumpstarter; the class's host lab-host-01.example.com is mapped to the first lab
- *         host with --host-alias), starts the controller, and waits until the exporter runs on the host.
+ * demo:   up with one host and the real Jumpstarter (--jumpstarter fake: the stand-in), then the feature
+ *         description's examples exactly as written (Secret, VirtualTargetClass, ExporterSet in namespace
+ *         jumpstarter; the class's host lab-host-01.example.com is mapped to the first lab host with --host-alias),
+ *         starts the controller, waits until the exporter runs on the host (with the real one: until it is Online),
+ *         and prints the `jmp shell` line that leases it.
  * show:   the ExporterSet table, the instances per host and `podman ps` on the hosts (demo ends with it).
  * scale:  what `kubectl scale exportersets/aarch64-ssh-pool --replicas=N` does (sets maxReplicas).
  * lease:  marks an idle exporter leased, as Jumpstarter does for `jmp lease`.
@@ -24,10 +31,11 @@ import { Buffer } from "node:buffer";
 import { startControlPlane, stopControlPlane } from "./controlplane/controlplane.ts";
 import { hostExec, type LabHost, type LabNet, startLabHosts, stopLabHosts } from "./labhost/labhost.ts";
 import { installCrds, installCrdsAt, seedExample, waitFor } from "./env.ts";
-import { installControllerRbac } from "./rbac.ts";
+import { installClusterIdRole, installControllerRbac } from "./rbac.ts";
 import { startFakeJumpstarter } from "./fake_jumpstarter.ts";
 import { CA_CONFIGMAP, startRealJumpstarter } from "./jumpstarter/controller.ts";
-import { isConflict, KubeClient, resourcePath } from "../src/kube/client.ts";
+import { isConflict, KubeClient, type Resource, resourcePath } from "../src/kube/client.ts";
+import { refreshedClientConfig } from "./sandbox_client.ts";
 import { HOST_ANNOTATION } from "../src/provision/marks.ts";
 import {
   CONFIG_MAPS,
@@ -37,15 +45,25 @@ import {
   SECRETS,
   VIRTUAL_TARGET_CLASSES,
 } from "../src/kube/resources.ts";
-import type { Exporter, ExporterSet, KubeObject } from "../src/api/types.ts";
+import type { ConfigMap, Exporter, ExporterSet, KubeObject } from "../src/api/types.ts";
 
 const ROOT = new URL("../", import.meta.url).pathname;
 const DIR = `${ROOT}.sandbox`;
-const LAB: LabNet = { dir: `${DIR}/labhost`, bridge: "qsplab0", subnet: "10.77.0" };
+const LAB_FILE = `${DIR}/labnet.json`;
+const LAB: LabNet = await labNet();
 const EXPORTER_IMAGE = "quay.io/jumpstarter-dev/jumpstarter:latest";
 const SEED_HOST = "lab-host-01.example.com";
 const NAMESPACE = "jumpstarter";
 const SET = "aarch64-ssh-pool";
+/** The Jumpstarter client `jmp admin create client` makes for the sandbox's user. */
+const CLIENT = "sandbox";
+const JUMPSTARTER_CLIENTS: Resource = {
+  group: "jumpstarter.dev",
+  version: "v1alpha1",
+  plural: "clients",
+  kind: "Client",
+};
+const SELECTOR = "board=aarch64-qemu,virtual=true";
 
 const { positionals, values } = parseArgs({
   args: Deno.args,
@@ -53,19 +71,40 @@ const { positionals, values } = parseArgs({
   options: {
     hosts: { type: "string", default: "1" },
     kubeconfig: { type: "string" },
-    jumpstarter: { type: "string", default: "fake" },
+    jumpstarter: { type: "string" },
     "kvm-mode": { type: "string", default: "0660" },
     podman: { type: "string" },
   },
 });
 const command = positionals[0] ?? "status";
-if (values.jumpstarter !== "fake" && values.jumpstarter !== "real") {
-  console.error(`--jumpstarter must be fake or real, not "${values.jumpstarter}"`);
-  Deno.exit(2);
-}
-const REAL = values.jumpstarter === "real";
 /** The credential issuers, one of which runs: the stand-in, or the real Jumpstarter controller and router. */
 const ISSUERS = ["fake-jumpstarter", "real-jumpstarter"];
+const RUNNING_ISSUER = (await Promise.all(ISSUERS.map((d) => pidAlive(`${DIR}/${d}.pid`)))).findIndex(Boolean);
+const jumpstarter = values.jumpstarter ??
+  (command === "demo" ? "real" : RUNNING_ISSUER === 1 ? "real" : "fake");
+if (jumpstarter !== "fake" && jumpstarter !== "real") {
+  console.error(`--jumpstarter must be fake or real, not "${jumpstarter}"`);
+  Deno.exit(2);
+}
+const REAL = jumpstarter === "real";
+/** The real controller's daemon writes this once it accepts an exporter (and removes it when it starts). */
+const REAL_READY = `${DIR}/jumpstarter/ready`;
+const JS_ENDPOINT = `${LAB.subnet}.1:8082`;
+
+/** The lab network a running sandbox was started with, else the environment's or the default. */
+async function labNet(): Promise<LabNet> {
+  const env = { bridge: Deno.env.get("QSP_SANDBOX_BRIDGE"), subnet: Deno.env.get("QSP_SANDBOX_SUBNET") };
+  const saved: LabNet | undefined = await Deno.readTextFile(LAB_FILE).then(JSON.parse).catch(() => undefined);
+  if (!saved) return { dir: `${DIR}/labhost`, bridge: env.bridge ?? "qsplab0", subnet: env.subnet ?? "10.77.0" };
+  if ((env.bridge && env.bridge !== saved.bridge) || (env.subnet && env.subnet !== saved.subnet)) {
+    console.error(
+      `the sandbox runs on bridge ${saved.bridge}, subnet ${saved.subnet}.0/24 (${LAB_FILE}), not the ` +
+        "QSP_SANDBOX_BRIDGE / QSP_SANDBOX_SUBNET given: `deno task sandbox down` first to move it",
+    );
+    Deno.exit(2);
+  }
+  return saved;
+}
 
 async function pidAlive(file: string): Promise<number | undefined> {
   const pid = Number((await Deno.readTextFile(file).catch(() => "")).trim());
@@ -78,15 +117,35 @@ async function pidAlive(file: string): Promise<number | undefined> {
   }
 }
 
-/** Starts a Deno process that outlives this one (its own session), with its pid and log in .sandbox/. */
-async function daemon(name: string, args: string[]): Promise<void> {
+/**
+ * Starts a Deno process that outlives this one (its own session), with its pid and log in .sandbox/. Its `ready`
+ * file, if it has one, is removed before it starts, so that only the new process can write it.
+ */
+async function daemon(name: string, args: string[], ready?: string): Promise<void> {
   if (await pidAlive(`${DIR}/${name}.pid`)) return;
+  if (ready) await Deno.remove(ready).catch(() => {});
   const out = await new Deno.Command("bash", {
     args: ["-c", `setsid "$0" "$@" >>"${DIR}/${name}.log" 2>&1 </dev/null & echo $!`, Deno.execPath(), ...args],
     cwd: ROOT,
     stdout: "piped",
   }).output();
   await Deno.writeTextFile(`${DIR}/${name}.pid`, new TextDecoder().decode(out.stdout));
+}
+
+/** waitFor, but it fails at once, pointing at the log, when the daemon that is to bring it about has exited. */
+async function whileAlive<T>(
+  name: string,
+  what: string,
+  probe: () => Promise<T | undefined | false>,
+  timeoutMs: number,
+): Promise<T> {
+  let exited = false;
+  const found = await waitFor(async () => {
+    exited = !await pidAlive(`${DIR}/${name}.pid`);
+    return exited || await probe();
+  }, { what, timeoutMs });
+  if (exited) throw new Error(`${name} exited while waiting for ${what}: see .sandbox/${name}.log`);
+  return found as T;
 }
 
 async function stopDaemon(name: string): Promise<void> {
@@ -114,12 +173,27 @@ async function up(hosts: number): Promise<LabHost[]> {
     return await KubeClient.load(kubeconfig);
   })();
   const images = REAL ? [{ tarball: await builtPath(`${ROOT}test/jumpstarter/image.sh`), tag: EXPORTER_IMAGE }] : [];
-  const labhosts = await startLabHosts({ ...LAB, images, kvmMode: values["kvm-mode"], podman: values.podman }, hosts);
+  await Deno.writeTextFile(LAB_FILE, JSON.stringify(LAB) + "\n");
+  // Hosts running with the other issuer's images are rebooted to import these (labhost.sh up).
+  const labhosts = await startLabHosts({
+    ...LAB,
+    images,
+    kvmMode: values["kvm-mode"],
+    podman: values.podman,
+    // the real exporter image (772 MB) is imported before sshd starts: minutes on a busy machine
+    bootTimeoutSeconds: REAL ? 600 : undefined,
+  }, hosts);
   await Deno.writeTextFile(`${DIR}/labhosts.json`, JSON.stringify(labhosts, null, 2) + "\n");
   let env = `KUBECONFIG=${kubeconfig}\nLABHOSTS=${DIR}/labhosts.json\n`;
   const issuer = REAL ? "real-jumpstarter" : "fake-jumpstarter";
+  const switching = RUNNING_ISSUER !== -1 && ISSUERS[RUNNING_ISSUER] !== issuer;
   for (const other of ISSUERS.filter((d) => d !== issuer)) await stopDaemon(other);
-  await daemon(issuer, ["run", "-A", "test/sandbox.ts", issuer, "--kubeconfig", kubeconfig]);
+  if (switching) await reissueCredentials(client);
+  await daemon(
+    issuer,
+    ["run", "-A", "test/sandbox.ts", issuer, "--kubeconfig", kubeconfig],
+    REAL ? REAL_READY : undefined,
+  );
   if (REAL) env += await realClient(client, kubeconfig);
   await Deno.writeTextFile(`${DIR}/env`, env);
   client.close();
@@ -131,19 +205,45 @@ async function up(hosts: number): Promise<LabHost[]> {
 }
 
 /**
- * Once the real controller has published its CA: a Jumpstarter client (`jmp admin create client`) and the lines of
- * .sandbox/env that let anyone lease from the shell: `$JMP shell --client-config $JMP_CLIENT_CONFIG -l ...`.
+ * Tokens one issuer gave do not hold for the other (the stand-in's are not even JWTs, and v0.7.1 reuses a token Secret
+ * it finds): every Exporter's Secret goes and its status is emptied, so the issuer now running issues new ones, which
+ * the controller then writes to the hosts.
+ */
+async function reissueCredentials(client: KubeClient): Promise<void> {
+  const exporters = (await client.list<Exporter>(EXPORTERS)).items.filter((e) => e.status?.credential);
+  for (const e of exporters) {
+    const ns = e.metadata.namespace!;
+    await client.delete(SECRETS, ns, e.status!.credential!.name).catch(() => {});
+    // the whole status is the issuer's (this controller writes none of it): the new one starts from nothing, and no
+    // stale Online or lease of the old one is left behind
+    await client.mergePatch(EXPORTERS, ns, e.metadata.name!, { status: null }, "status").catch(() => {});
+  }
+  if (exporters.length) console.log(`credentials of ${exporters.length} Exporter(s) to be issued again`);
+}
+
+/**
+ * Once the real controller accepts exporters: a Jumpstarter client and the lines of .sandbox/env that let anyone
+ * lease from the shell: `$JMP shell --client-config $JMP_CLIENT_CONFIG -l ...`. The client is made with
+ * `jmp admin create client` when the cluster has none (a fresh control plane), else its config gets the running
+ * controller's CA and endpoint (each start of v0.7.1 brings a new self-signed certificate).
  */
 async function realClient(client: KubeClient, kubeconfig: string): Promise<string> {
-  await waitFor(() => client.find(CONFIG_MAPS, NAMESPACE, CA_CONFIGMAP.name), {
-    what: `the real Jumpstarter controller (log: .sandbox/jumpstarter/) to publish its CA`,
-    timeoutMs: 900_000,
-  });
+  await whileAlive(
+    "real-jumpstarter",
+    "the real Jumpstarter controller to accept an exporter",
+    () => Deno.stat(REAL_READY).catch(() => undefined),
+    900_000,
+  );
   const jmp = await builtPath(`${ROOT}test/jumpstarter/jmp.sh`);
   const config = `${DIR}/client.yaml`;
-  if (!await Deno.stat(config).catch(() => undefined)) {
+  const ca = (await client.get<ConfigMap>(CONFIG_MAPS, NAMESPACE, CA_CONFIGMAP.name)).data?.[CA_CONFIGMAP.key] ?? "";
+  const existing = await Deno.readTextFile(config).catch(() => undefined);
+  if (existing && await client.find(JUMPSTARTER_CLIENTS, NAMESPACE, CLIENT)) {
+    await Deno.writeTextFile(config, refreshedClientConfig(existing, { endpoint: JS_ENDPOINT, caPem: ca }));
+  } else {
+    await Deno.remove(config).catch(() => {});
     const out = await new Deno.Command(jmp, {
-      args: ["admin", "create", "client", "sandbox", "-n", NAMESPACE, "--unsafe", "--nointeractive"]
+      args: ["admin", "create", "client", CLIENT, "-n", NAMESPACE, "--unsafe", "--nointeractive"]
         .concat(["--out", config, "--kubeconfig", kubeconfig]),
       stdout: "piped",
       stderr: "piped",
@@ -159,6 +259,7 @@ async function down(): Promise<void> {
   for (const d of ISSUERS) await stopDaemon(d);
   await stopLabHosts(LAB);
   await stopControlPlane(`${DIR}/controlplane`);
+  await Deno.remove(LAB_FILE).catch(() => {});
   console.log("sandbox down");
 }
 
@@ -203,6 +304,8 @@ async function demo(): Promise<void> {
   await ensure(client, EXPORTER_SETS, await seedExample("exporterset.yaml", NAMESPACE));
   // As the operator deploys it: the manifests' ServiceAccount and namespaced Role, not cluster-admin.
   const controllerKubeconfig = await installControllerRbac(client, kubeconfig, NAMESPACE, DIR);
+  // manifests/clusterrole.yaml: the controller reads the cluster's id (kube-system's uid)
+  await installClusterIdRole(client, NAMESPACE).catch((e) => isConflict(e) || Promise.reject(e));
   await daemon("controller", [
     "run",
     "-A",
@@ -220,25 +323,40 @@ async function demo(): Promise<void> {
       "waiting for the ExporterSet to become Available",
   );
   const t0 = performance.now();
-  await waitFor(async () => {
+  await whileAlive("controller", `ExporterSet ${NAMESPACE}/${SET} Available`, async () => {
     const s = await client.get<ExporterSet>(EXPORTER_SETS, NAMESPACE, SET);
     const avail = s.status?.conditions?.find((c) => c.type === "Available");
     return avail?.status === "True" && (s.status?.readyReplicas ?? 0) >= 1;
-  }, { what: `ExporterSet ${NAMESPACE}/${SET} Available`, timeoutMs: 180_000 });
+  }, 180_000);
   console.log(`\nExporterSet ${NAMESPACE}/${SET} is Available after ${((performance.now() - t0) / 1000).toFixed(1)}s`);
-  await show(client, [host]);
   if (REAL) {
-    console.log(`
-Lease it as a user does (the real Jumpstarter, the real exporter and QEMU on the lab host):
-  . .sandbox/env; $JMP shell --client-config $JMP_CLIENT_CONFIG -l board=aarch64-qemu,virtual=true
-  (inside: j qemu power on; j qemu console; ...; exit ends the lease and ExitAndReplace deploys a fresh target)`);
+    const e = await whileAlive(
+      "real-jumpstarter",
+      `an Exporter in ${NAMESPACE} Online, as the real Jumpstarter controller reports it`,
+      async () =>
+        (await client.list<Exporter>(EXPORTERS, NAMESPACE)).items.find((e) =>
+          e.status?.conditions?.some((c) => c.type === "Online" && c.status === "True")
+        ),
+      180_000,
+    );
+    console.log(
+      `Exporter ${NAMESPACE}/${e.metadata.name} is Online after ${((performance.now() - t0) / 1000).toFixed(1)}s`,
+    );
   }
+  await show(client, [host]);
   console.log(`
 Scale it:     deno task sandbox scale N        (what \`kubectl scale exportersets/${SET} --replicas=N\` does:
                                                maxReplicas; or lease one: deno task sandbox lease)
 Look around:  export KUBECONFIG=$PWD/.sandbox/kubeconfig; controller log in .sandbox/controller.log;
               ssh -i .sandbox/labhost/keys/id_ed25519 root@${host.address}
 Tear down:    deno task sandbox down`);
+  if (REAL) {
+    console.log(`
+Lease it as a user does (the real Jumpstarter, the real exporter and QEMU on the lab host), interactively (inside:
+j qemu power on; j qemu console; ...; exit ends the lease and ExitAndReplace deploys a fresh target), or with a
+command after --, e.g. -- j qemu power on:
+  . .sandbox/env; $JMP shell --client-config $JMP_CLIENT_CONFIG -l ${SELECTOR}`);
+  }
   client.close();
 }
 
@@ -290,8 +408,8 @@ async function scale(n: number): Promise<void> {
 async function lease(): Promise<void> {
   if (await pidAlive(`${DIR}/real-jumpstarter.pid`)) {
     throw new Error(
-      "the real Jumpstarter runs here: lease with `. .sandbox/env; $JMP shell --client-config " +
-        "$JMP_CLIENT_CONFIG -l board=aarch64-qemu,virtual=true`",
+      `the real Jumpstarter runs here: lease with \`. .sandbox/env; $JMP shell --client-config ` +
+        `$JMP_CLIENT_CONFIG -l ${SELECTOR}\``,
     );
   }
   const client = await KubeClient.load(`${DIR}/kubeconfig`);
@@ -350,6 +468,7 @@ switch (command) {
       bridgeAddress: `${LAB.subnet}.1`,
       dir: `${DIR}/jumpstarter`,
     });
+    await Deno.writeTextFile(REAL_READY, js.endpoint);
     console.log(`real Jumpstarter controller at ${js.endpoint}; logs ${js.logs.controller}, ${js.logs.router}`);
     await new Promise<void>((r) => Deno.addSignalListener("SIGTERM", () => r()));
     await js.stop();

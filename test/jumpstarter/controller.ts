@@ -11,9 +11,9 @@ import { builtPath } from "../built.ts";
 import { Buffer } from "node:buffer";
 import http2 from "node:http2";
 import { parse } from "yaml";
-import type { ConfigMap, KubeObject } from "../../src/api/types.ts";
+import type { ConfigMap, Exporter, KubeObject, Secret } from "../../src/api/types.ts";
 import { isConflict, KubeClient } from "../../src/kube/client.ts";
-import { CONFIG_MAPS, CRDS, NAMESPACES } from "../../src/kube/resources.ts";
+import { CONFIG_MAPS, CRDS, EXPORTERS, NAMESPACES, SECRETS } from "../../src/kube/resources.ts";
 import { waitFor } from "../env.ts";
 
 /** Where exporters look for the CA bundle by default (ExporterSet / VirtualTargetClass without caBundleConfigMapRef). */
@@ -54,7 +54,7 @@ const buildScript = new URL("./build.sh", import.meta.url).pathname;
 
 export const jumpstarterBinaries = (): Promise<string> => builtPath(buildScript);
 
-/** Resolves once CA_CONFIGMAP holds the running certificates and the controller verifies exporter tokens. */
+/** Resolves once CA_CONFIGMAP holds the running certificates and the controller accepts an exporter. */
 export async function startRealJumpstarter(opts: RealJumpstarterOptions): Promise<RealJumpstarter> {
   // Before anything is written: a second instance must not retarget the running one's ConfigMap.
   await checkPortsFree();
@@ -89,11 +89,13 @@ export async function startRealJumpstarter(opts: RealJumpstarterOptions): Promis
       child.status.then((s) => exited ??= `${i ? "router" : "controller"} exited with code ${s.code}`)
     );
     const deadline = Date.now() + READY_TIMEOUT_MS;
-    const until = async <T>(what: string, probe: () => Promise<T | undefined>): Promise<T> => {
+    const until: Until = async (what, probe) => {
+      let last = "";
       for (;;) {
-        const failure = exited ?? (Date.now() > deadline ? `${what}: not after ${READY_TIMEOUT_MS / 1000} s` : "");
+        const failure = exited ??
+          (Date.now() > deadline ? `${what}: not after ${READY_TIMEOUT_MS / 1000} s${last && ` (${last})`}` : "");
         if (failure) throw new Error(`Jumpstarter ${failure}; see ${logs.controller} and ${logs.router}`);
-        const value = await probe().catch(() => undefined);
+        const value = await probe().catch((err) => void (last = err instanceof Error ? err.message : String(err)));
         if (value) return value;
         await new Promise((r) => setTimeout(r, 200));
       }
@@ -105,7 +107,7 @@ export async function startRealJumpstarter(opts: RealJumpstarterOptions): Promis
         return pems.every(Boolean) ? pems.join("") : undefined;
       });
       await client.apply<ConfigMap>(CONFIG_MAPS, caConfigMap(opts.namespace, ca), FIELD_MANAGER);
-      await until("verifies exporter tokens", () => verifiesTokens(endpoint, ca));
+      await acceptsExporter(client, opts.namespace, until, (...who) => register(endpoint, ca, ...who));
     } catch (err) {
       await stopChildren();
       throw err;
@@ -199,37 +201,76 @@ async function checkPortsFree(): Promise<void> {
   }
 }
 
-// Signed by nobody, but with the issuer and audience of the controller's internal OIDC provider, so it is rejected for
-// its signature only once the verifier is up.
-const FORGED_TOKEN = [
-  { alg: "ES256", typ: "JWT" },
-  { iss: "https://localhost:8085", aud: "jumpstarter", sub: "readiness-probe", exp: 4102444800 },
-].map((part) => Buffer.from(JSON.stringify(part)).toString("base64url")).join(".") + ".AAAA";
+/** Retries a probe until it returns something, the processes exit or the start's deadline passes. */
+type Until = <T>(what: string, probe: () => Promise<T | undefined>) => Promise<T>;
 
 /**
- * Whether the controller verifies exporter tokens yet. Its verifier fetches OIDC discovery from the controller's own
- * 127.0.0.1:8085 before that server is up and retries only 10 s later, so for ~10 s after every start it turns every
- * exporter away with "authenticator not initialized".
+ * Resolves once the controller accepts an exporter: a probe Exporter of its own gets a token from it and registers
+ * with it over gRPC; then the probe is deleted, with its token Secret (a Secret left owned by a deleted Exporter would
+ * make the controller fail a later one of the same name, hence a new name each time). Ports answering and the CA being
+ * served are not enough: for ~10 s after every start the controller's verifier has not fetched OIDC discovery from its
+ * own 127.0.0.1:8085 yet and turns every exporter away with "oidc: authenticator not initialized".
  */
-async function verifiesTokens(endpoint: string, ca: string): Promise<boolean> {
+async function acceptsExporter(
+  client: KubeClient,
+  namespace: string,
+  until: Until,
+  register: (token: string, namespace: string, name: string) => Promise<void>,
+): Promise<void> {
+  const probe = await client.create<Exporter>(EXPORTERS, {
+    metadata: { generateName: "qsp-readiness-probe-", namespace },
+    spec: {},
+  });
+  const name = probe.metadata.name!;
+  try {
+    const token = await until(`issues a token to Exporter ${namespace}/${name}`, async () => {
+      const secret = (await client.get<Exporter>(EXPORTERS, namespace, name)).status?.credential?.name;
+      const token = secret && (await client.find<Secret>(SECRETS, namespace, secret))?.data?.token;
+      return token ? Buffer.from(token, "base64").toString() : undefined;
+    });
+    await until(`accepts Exporter ${namespace}/${name}`, () => register(token, namespace, name).then(() => true));
+  } finally {
+    await client.delete(EXPORTERS, namespace, name).catch(() => {});
+    await client.delete(SECRETS, namespace, `${name}-exporter`).catch(() => {});
+  }
+}
+
+/** An exporter's Register call with an empty RegisterRequest; throws with the controller's gRPC status otherwise. */
+async function register(endpoint: string, ca: string, token: string, namespace: string, name: string): Promise<void> {
+  const path = "/jumpstarter.v1.ControllerService/Register";
+  // who is calling, as jumpstarter's exporters say it (jumpstarter/config/grpc.py)
+  const trailers = await grpcCall(endpoint, ca, path, {
+    authorization: `Bearer ${token}`,
+    "jumpstarter-kind": "Exporter",
+    "jumpstarter-namespace": namespace,
+    "jumpstarter-name": name,
+  });
+  if (trailers["grpc-status"] !== "0") {
+    throw new Error(`${path}: grpc-status ${trailers["grpc-status"]}: ${trailers["grpc-message"]}`);
+  }
+}
+
+/** One unary gRPC call with an empty message; resolves with its trailers (grpc-status, grpc-message). */
+async function grpcCall(endpoint: string, ca: string, path: string, metadata: Record<string, string>) {
   const session = http2.connect(`https://${endpoint}`, { ca });
   let timer: ReturnType<typeof setTimeout> | undefined;
   try {
-    const trailers = await new Promise<http2.IncomingHttpHeaders>((resolve, reject) => {
-      timer = setTimeout(() => reject(new Error("no gRPC status")), 5_000);
+    return await new Promise<http2.IncomingHttpHeaders>((resolve, reject) => {
+      timer = setTimeout(() => reject(new Error(`${path}: no gRPC status after 5 s`)), 5_000);
       session.on("error", reject);
       const req = session.request({
         ":method": "POST",
-        ":path": "/jumpstarter.v1.ControllerService/Register",
+        ":path": path,
         "content-type": "application/grpc",
         te: "trailers",
-        authorization: `Bearer ${FORGED_TOKEN}`,
+        ...metadata,
       });
+      // A failed call may come as headers only (trailers-only response).
+      req.on("response", (h) => h["grpc-status"] !== undefined && resolve(h));
       req.on("trailers", resolve).on("error", reject).resume();
       // One empty gRPC message: no compression flag, zero length.
       req.end(new Uint8Array(5));
     });
-    return String(trailers["grpc-message"]).includes("verify token");
   } finally {
     clearTimeout(timer);
     session.destroy();

@@ -7,7 +7,8 @@
 # (no registry is reachable from a lab host).
 #
 # usage (as root):
-#   labhost.sh up NAME IP        build base/stand-in if needed, create the host if needed, boot it, wait for sshd
+#   labhost.sh up NAME IP        build base/stand-in if needed, create the host if needed, boot it (again, if it runs
+#                                with other LAB_IMAGES), wait for sshd
 #   labhost.sh down NAME         orderly poweroff (rootfs, keys and netns are kept; "up" boots it again)
 #   labhost.sh destroy NAME      down, then remove veth, netns and rootfs
 #   labhost.sh status NAME
@@ -265,7 +266,8 @@ EOF
     cat >"$R"/etc/systemd/system/labhost-images.service <<'EOF'
 [Unit]
 Description=Build the local stand-in images (no registry is reachable)
-Before=ssh.service
+# quadlet's containers start after network-online.target: never with an image about to be replaced
+Before=ssh.service network-online.target
 [Service]
 Type=oneshot
 RemainAfterExit=yes
@@ -374,7 +376,7 @@ EOF
 [Unit]
 Description=Import the images given with LAB_IMAGES over the stand-ins
 After=labhost-images.service
-Before=ssh.service
+Before=ssh.service network-online.target
 [Service]
 Type=oneshot
 RemainAfterExit=yes
@@ -569,11 +571,17 @@ cmd_up() {
     [[ $IP =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "bad IP '$IP'"
     prepare
     check_bridge_owner
+    # LAB_IMAGES are imported only at boot: a host running with others is rebooted (rootfs, keys and host key kept)
+    if running_pid "$N" >/dev/null && [ "$(cat "$(hostdir "$N")/.images" 2>/dev/null)" != "$LAB_IMAGES" ]; then
+        log "$N: booted with other LAB_IMAGES, rebooting it to import these"
+        cmd_down "$N"
+    fi
     # a running host keeps its files: rewriting units under a live systemd only earns "changed on disk" warnings
     if ! running_pid "$N" >/dev/null; then
         build_all
         create_host "$N" "$IP"
         install_lab_images "$N"
+        echo "$LAB_IMAGES" >"$(hostdir "$N")/.images"
         setup_net "$N" "$IP"
         boot_host "$N"
     fi

@@ -32,7 +32,10 @@ export interface LabNet {
   bridge: string;
   /** first three octets of a /24, e.g. "10.78.0"; the bridge gets .1, host hN gets .(10+N) */
   subnet: string;
-  /** Image tarballs imported under these tags at boot, in place of the stand-ins (labhost.sh's LAB_IMAGES). */
+  /**
+   * Image tarballs imported under these tags at boot, in place of the stand-ins (labhost.sh's LAB_IMAGES); a host
+   * running with other ones is rebooted.
+   */
   images?: { tarball: string; tag: string }[];
   /** A Podman 4.x version built from source in place of the suite's (labhost.sh's LAB_PODMAN), e.g. "4.9.3". */
   podman?: string;
@@ -40,6 +43,8 @@ export interface LabNet {
   suite?: string;
   /** The mode of each host's own /dev/kvm node, root:kvm (LAB_KVM_MODE): "0660" (the default) or "0666", say. */
   kvmMode?: string;
+  /** How long a boot may take until sshd answers (LAB_BOOT_TIMEOUT, default 90 s): images are imported before it. */
+  bootTimeoutSeconds?: number;
 }
 
 export interface ExecResult {
@@ -61,6 +66,7 @@ export function labNetEnv(net: LabNet): Record<string, string> {
     ...(net.podman ? { LAB_PODMAN: net.podman } : {}),
     ...(net.suite ? { SUITE: net.suite } : {}),
     ...(net.kvmMode ? { LAB_KVM_MODE: net.kvmMode } : {}),
+    ...(net.bootTimeoutSeconds ? { LAB_BOOT_TIMEOUT: String(net.bootTimeoutSeconds) } : {}),
   };
 }
 
