@@ -1,7 +1,8 @@
 /**
  * The three things we do on a lab host, each one POSIX sh script sent over one SSH session (`sh -s`, the script on
  * stdin, so tokens never appear in a process list), and the parsers of what they print. Pure: building and parsing
- * strings only; ssh.ts runs them.
+ * strings only; ssh.ts runs them. The scripts' steps are scripts/*.sh (lib.sh shared by all); this side writes only
+ * their headers, the values they work on.
  *
  * Output protocol: every line meant for us starts with `qsp `; anything else (stray tool output) is ignored.
  *   qsp changed PATH                       a file or link was (re)written
