@@ -35,6 +35,7 @@ mkdir -p "$CACHE/debs"
     done
 ) 9>"$CACHE/debs.lock"
 X=$ctx/x
+# shellcheck disable=SC2012 # .deb names are Debian package names, and ls sorts them (the newest last)
 for p in "${DEBS[@]}"; do dpkg-deb -x "$(ls "$CACHE/debs/${p}"_*.deb | tail -n 1)" "$X"; done
 
 # what a glibc program needs (bookworm keeps it in /lib, trixie in /usr/lib), without gconv or locales

@@ -10,7 +10,8 @@ if [ "$(id -u)" != 0 ]; then
 fi
 missing=()
 for tool in debootstrap:debootstrap systemd-nspawn:systemd-container zstd:zstd ssh:openssh-client \
-  ssh-keygen:openssh-client openssl:openssl ip:iproute2 flock:util-linux python3:python3 mformat:mtools; do
+  ssh-keygen:openssh-client openssl:openssl ip:iproute2 flock:util-linux python3:python3 mformat:mtools \
+  shellcheck:shellcheck; do
   command -v "${tool%%:*}" >/dev/null || missing+=("${tool#*:}")
 done
 # Podman 4.9.3 (test/podman/build.sh) is built with cgo against libseccomp and libsystemd's headers

@@ -1,7 +1,7 @@
 /**
  * What a lab host is, as far as an instance's files depend on it: the Podman version (which quadlet keys its
  * generator knows) and /dev/kvm (which group the exporter needs to open it). Pure: the apply and inspect scripts
- * (remote.ts) print the facts with FACTS_SH in their own round trip, and the files are rendered for the facts last
+ * (scripts/lib.sh host_facts) print the facts in their own round trip, and the files are rendered for the facts last
  * seen (render.ts). The apply script refuses, before writing anything, files rendered for other facts than the host's
  * (`facts-changed`), so a host whose Podman or kvm group changed never gets files made for what it was.
  */
@@ -18,7 +18,7 @@ export const UNKNOWN_FACTS = "unknown";
 
 /**
  * The one-line form: `podman=5.4.2 kvm=660:993` or `podman=5.4.2 kvm=none`, the mode in octal as `stat -c %a` prints
- * it. FACTS_SH makes the same line on the host, so the apply script compares the two as strings.
+ * it. lib.sh's host_facts makes the same line on the host, so the apply script compares the two as strings.
  */
 export function factsWire(f: HostFacts | undefined): string {
   if (!f) return UNKNOWN_FACTS;
@@ -35,15 +35,6 @@ export function parseFacts(line: string): HostFacts | undefined {
   if (!m) return undefined;
   return { podman: m[1], kvm: m[2] === undefined ? null : { mode: parseInt(m[2], 8), gid: Number(m[3]) } };
 }
-
-/**
- * POSIX sh that sets `facts` to this host's wire form. `stat -L`: /dev/kvm may be a symlink to the node (some device
- * managers do that); the container gets the node's mode and gid.
- */
-export const FACTS_SH = `v=$(podman --version 2>/dev/null || true)
-kvm=none
-if [ -c /dev/kvm ]; then kvm=$(stat -L -c %a:%g /dev/kvm); fi
-facts="podman=\${v##* } kvm=$kvm"`;
 
 /**
  * How a non-root process in a container (the exporter, uid 65532, where the QEMU driver checks `os.access` and, with

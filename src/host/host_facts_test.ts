@@ -1,5 +1,6 @@
 import assert from "node:assert/strict";
-import { FACTS_SH, factsKey, factsWire, type HostFacts, kvmAccess, parseFacts, UNKNOWN_FACTS } from "./host_facts.ts";
+import { factsKey, factsWire, type HostFacts, kvmAccess, parseFacts, UNKNOWN_FACTS } from "./host_facts.ts";
+import LIB_SH from "./scripts/lib.sh" with { type: "text" };
 
 Deno.test("host facts: the wire form round-trips, and what is not one is refused", () => {
   const cases: [HostFacts, string][] = [
@@ -39,18 +40,18 @@ Deno.test("host facts: how the non-root exporter can open /dev/kvm, by mode", ()
   assert.equal(factsKey({ host: "lab1", port: 2222 }), "lab1:2222");
 });
 
-/** FACTS_SH under `shell`, with /dev/kvm's place taken by `node` (a path made in a temp dir, or none). */
+/** lib.sh's host_facts under `shell`, with /dev/kvm's place taken by `node` (a path made in a temp dir, or none). */
 async function probe(shell: string, podman: string, node?: { mode: number }): Promise<string> {
   const dir = await Deno.makeTempDir();
   try {
-    let sh = FACTS_SH;
+    let sh = LIB_SH;
     if (node) {
       // a regular file stands in for the device node: `-c` is rewritten to `-f` for it, the rest runs as on a host
       await Deno.writeTextFile(`${dir}/kvm`, "");
       await Deno.chmod(`${dir}/kvm`, node.mode);
       sh = sh.replaceAll("-c /dev/kvm", `-f ${dir}/kvm`).replaceAll("/dev/kvm", `${dir}/kvm`);
     } else sh = sh.replaceAll("/dev/kvm", `${dir}/none`);
-    const script = `podman() { echo ${podman}; }\n${sh}\nprintf '%s\\n' "$facts"\n`;
+    const script = `podman() { echo ${podman}; }\n${sh}\nhost_facts\nprintf '%s\\n' "$facts"\n`;
     const out = await new Deno.Command(shell, { args: ["-c", script] }).output();
     assert.equal(out.code, 0, new TextDecoder().decode(out.stderr));
     return new TextDecoder().decode(out.stdout).trim();
@@ -59,7 +60,7 @@ async function probe(shell: string, podman: string, node?: { mode: number }): Pr
   }
 }
 
-Deno.test("host facts: FACTS_SH prints the wire form under dash and bash", async () => {
+Deno.test("host facts: lib.sh's host_facts prints the wire form under dash and bash", async () => {
   const gid = Deno.gid() ?? 0;
   for (const shell of ["dash", "bash"]) {
     assert.equal(await probe(shell, "'podman version 5.4.2'"), "podman=5.4.2 kvm=none", shell);

@@ -32,11 +32,22 @@ import {
   shellCommand,
 } from "./remote.ts";
 
-/** The hosts it all runs on: Debian 13's own Podman, and Podman 4.9.3 in its place (test/podman/build.sh). */
-const VARIANTS: { suffix: string; net: LabNet; podman: string }[] = [
-  { suffix: "", net: await privateLabNet(3), podman: "5\\.[0-9.]+" },
-  { suffix: " (Podman 4.9.3)", net: { ...await privateLabNet(5), podman: "4.9.3" }, podman: "4\\.9\\.3" },
+/**
+ * The hosts it all runs on: Debian 13's own Podman, and Podman 4.9.3 in its place (test/podman/build.sh); the scripts
+ * go to `sh -s` as the product sends them (Debian's sh is dash) on the first, to `bash -s` on the second, so both
+ * shells run every script for real.
+ */
+const VARIANTS: { suffix: string; net: LabNet; podman: string; shell: "sh" | "bash" }[] = [
+  { suffix: "", net: await privateLabNet(3), podman: "5\\.[0-9.]+", shell: "sh" },
+  {
+    suffix: " (Podman 4.9.3, bash)",
+    net: { ...await privateLabNet(5), podman: "4.9.3" },
+    podman: "4\\.9\\.3",
+    shell: "bash",
+  },
 ];
+/** The shell the scripts of the test running now are sent to. */
+let scriptShell: "sh" | "bash" = "sh";
 const isRoot = Deno.uid() === 0;
 
 // a small /disk, so that filling it up is quick
@@ -64,7 +75,11 @@ function instance(ns: string, name: string, uid: string, over: Partial<Instance>
 }
 
 /** Sends a script on stdin the way the product does: `sh -s` (or `sudo -n sh -s`), nothing secret in argv. */
-async function runScript(host: LabHost, script: string, command = shellCommand(host.user)): Promise<ExecResult> {
+async function runScript(
+  host: LabHost,
+  script: string,
+  command = shellCommand(host.user).replace(/\bsh -s$/, `${scriptShell} -s`),
+): Promise<ExecResult> {
   const p = new Deno.Command("ssh", {
     args: [
       ...["-F", "/dev/null", "-i", host.privateKeyPath, "-p", String(host.port), "-o", "BatchMode=yes"],
@@ -133,7 +148,7 @@ const started = (host: LabHost, c: string) => sh(host, `podman inspect -f '{{.St
 
 const ms = (d: number) => `${Math.round(d)} ms`;
 
-for (const { suffix, net, podman } of VARIANTS) {
+for (const { suffix, net, podman, shell } of VARIANTS) {
   Deno.test({
     name: `remote scripts on a lab host${suffix}: apply, no-op, token rotation, drift, refusals, inspect, remove`,
     ignore: !isRoot,
@@ -141,8 +156,11 @@ for (const { suffix, net, podman } of VARIANTS) {
     sanitizeOps: false,
   }, async (t) => {
     const timings: string[] = [];
+    scriptShell = shell;
     try {
       const [host] = await startLabHosts(net, 1);
+      // the shells the scripts are written for: Debian's sh is dash, and bash is there too
+      assert.equal(await sh(host, "readlink -f /bin/sh; command -v bash"), "/usr/bin/dash\n/usr/bin/bash\n");
       const a = instance("team-a", "pool-a1", "aaaaaaaa-0000-4000-8000-000000000001");
       const b = instance("team-b", "pool-b1", "bbbbbbbb-0000-4000-8000-000000000002");
       // first contact: files rendered for no host's facts are refused before anything is written, with the host's facts
@@ -538,7 +556,7 @@ for (const { suffix, net, podman } of VARIANTS) {
         );
         // the script runs where /dev/kvm is hidden (a private mount namespace); the host itself keeps it
         const noKvm = "unshare -m --propagation private sh -c 'touch /run/qsp-no-kvm && mount --bind /run/qsp-no-kvm " +
-          "/dev/kvm && exec sh -s'";
+          `/dev/kvm && exec ${shell} -s'`;
         const missing = await apply(host, d, { command: noKvm });
         assert.deepEqual(missing.errors.map((e) => e.code), ["kvm-missing", "device-missing"]);
         assert.deepEqual(missing.started, [], "nothing is started on a host that lacks the devices");
@@ -648,6 +666,7 @@ Deno.test({
   sanitizeResources: false,
   sanitizeOps: false,
 }, async (t) => {
+  scriptShell = "sh";
   try {
     const [host] = await startLabHosts(net, 1);
     // first contact tells the host's facts; everything below is rendered for them

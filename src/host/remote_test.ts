@@ -11,10 +11,16 @@ import {
   parseRemoveOutput,
   podmanTooOld,
   removeScript,
+  sha256,
   shellCommand,
   shQuote,
 } from "./remote.ts";
 import { MIN_PODMAN } from "./quadlet_dialect.ts";
+import { Buffer } from "node:buffer";
+import { definitions, recorder, records, runShell, SHELLS, withValues } from "./script_harness.ts";
+import LIB_SH from "./scripts/lib.sh" with { type: "text" };
+import APPLY_SH from "./scripts/apply.sh" with { type: "text" };
+import INSPECT_SH from "./scripts/inspect.sh" with { type: "text" };
 
 const params: InstanceParams = { ...seedParams, runtime: { kvm: true, devices: ["/dev/ttyUSB0:/dev/ttyS1"] } };
 const TOKEN = "eyJhbGciOiJSUzI1NiJ9.very-secret-token";
@@ -31,14 +37,29 @@ const rendered = renderInstance({
   caBundle: "",
 });
 
-/** dash's parser, the shell a Debian host runs the scripts with. */
+/** The script parses under every shell a host may run it with. */
 async function assertParses(script: string) {
-  const p = new Deno.Command("dash", { args: ["-n"], stdin: "piped", stderr: "piped" }).spawn();
-  const w = p.stdin.getWriter();
-  await w.write(new TextEncoder().encode(script));
-  await w.close();
-  const out = await p.output();
-  assert.equal(out.code, 0, new TextDecoder().decode(out.stderr));
+  for (const shell of SHELLS) {
+    const out = await runShell(shell, script, ["-n"]);
+    assert.equal(out.code, 0, `${shell}: ${out.stderr}`);
+  }
+}
+
+/** The header's `NAME='value'` assignments of a script, by name, as a shell reads them. */
+async function headerValues(script: string): Promise<Record<string, string>> {
+  const header = script.slice(0, script.indexOf(LIB_SH));
+  const names = [...header.matchAll(/^([A-Z][A-Z0-9_]*)='/gm)].map((m) => m[1]);
+  const out = await runShell(
+    "dash",
+    `${header}\nfor k in ${names.join(" ")}; do
+  eval "v=\\$$k"
+  printf '%s\\0%s\\0' "$k" "$v"
+done\n`,
+  );
+  const parts = out.stdout.split("\0");
+  const values: Record<string, string> = {};
+  for (let i = 0; i + 1 < parts.length; i += 2) values[parts[i]] = parts[i + 1];
+  return values;
 }
 
 Deno.test("shellCommand: root runs sh, others go through passwordless sudo", () => {
@@ -53,59 +74,269 @@ Deno.test("shQuote survives a round trip through sh", async () => {
   }
 });
 
-Deno.test("applyScript: valid sh, secrets only as base64, every path ownership-checked", async () => {
+Deno.test("applyScript: scripts/apply.sh as it is after a header of values, valid sh, secrets only as base64", async () => {
   const s = applyScript(rendered, { kvmRequired: true });
   await assertParses(s);
   assert.ok(!s.includes(TOKEN), "the token never appears in clear, so a traced shell or log shows no secret");
-  assert.match(s, /^set -eu$/m);
-  for (const f of rendered.files) {
-    for (const p of [f.path, ...f.links]) assert.match(s, new RegExp(`^check_owner '${p}' "\\$UID_"$`, "m"));
-    assert.match(
-      s,
-      new RegExp(`^put '${f.path}' ${f.mode.toString(8)} ${f.owner} [0-9a-f]{64} '[A-Za-z0-9+/=]+'$`, "m"),
-    );
-  }
-  assert.match(
-    s,
-    /^link '\/etc\/jumpstarter\/exporters\/pool-x7k2p\.d\/pool-x7k2p\.yaml' '\/etc\/jumpstarter\/exporters\/pool-x7k2p\.yaml'$/m,
+  const header = s.slice(0, s.indexOf(LIB_SH));
+  assert.equal(s, header + LIB_SH + APPLY_SH, "no value is spliced into the steps");
+  assert.equal(header.replace(/^[A-Z][A-Z0-9_]*='[^']*'\n/gm, ""), "# pool-x7k2p: apply\n", "only assignments");
+  const v = await headerValues(s);
+  assert.equal(v.UID_, rendered.uid);
+  assert.equal(v.RTQ, "/etc/containers/systemd/pool-x7k2p-runtime.container");
+  assert.equal(v.DEVICES, "/dev/ttyUSB0");
+  assert.equal(v.KVM_REQUIRED, "1");
+  assert.equal(v.EXPORTER_UID, "65532");
+  assert.equal(v.OWNER_RE, String.raw`# qemu-ssh\.jumpstarter\.dev\/owner: `);
+  assert.equal((await headerValues(applyScript(rendered, { kvmRequired: false }))).KVM_REQUIRED, "0");
+  assert.equal(
+    (await headerValues(applyScript(rendered, { kvmRequired: false, settleSeconds: 3 }))).SETTLE_TICKS,
+    "15",
   );
-  assert.match(s, /^chmod 0700 '\/etc\/jumpstarter\/exporters\/pool-x7k2p\.d' '\/etc\/jumpstarter\/exporters'$/m);
-  assert.match(s, /^chown 65532:65532 '\/etc\/jumpstarter\/exporters\/pool-x7k2p\.d'$/m, "the exporter's uid reads it");
-  assert.match(s, /--opt o=uid=65532,gid=65532/, "the shared volume is writable by the exporter");
-  assert.match(s, /podman volume exists 'jumpstarter-pool-x7k2p-shared'/);
-  assert.match(s, /podman kill --signal HUP 'pool-x7k2p-exporter'/);
-  assert.match(s, /kvm-missing/);
-  assert.match(s, /if \[ ! -e '\/dev\/ttyUSB0' \]; then err 'device-missing \/dev\/ttyUSB0/);
+  assert.equal(v.KEEP_EXITED, "0", "exited exporters are restarted by default");
+  assert.equal((await headerValues(applyScript(rendered, { kvmRequired: true, keepExited: true }))).KEEP_EXITED, "1");
   assert.doesNotMatch(s, /systemctl enable/, "generated units cannot be enabled; [Install] does it");
-  assert.doesNotMatch(applyScript(rendered, { kvmRequired: false }), /kvm-missing/);
-  assert.match(applyScript(rendered, { kvmRequired: false, settleSeconds: 3 }), /while \[ "\$i" -lt 15 \]/);
-  assert.match(s, /^if \[ 0 = 1 \] && \[ "\$active" = inactive \]/m, "exited exporters are restarted by default");
-  assert.match(
-    applyScript(rendered, { kvmRequired: true, keepExited: true }),
-    /^if \[ 1 = 1 \] && \[ "\$active" = inactive \]/m,
-  );
 });
 
-Deno.test("removeScript and inspectScript are valid sh; remove checks the owner uid when given one", async () => {
-  const r = removeScript("pool-x7k2p", { uid: "0b7e6c1a" });
-  await assertParses(r);
-  await assertParses(removeScript("pool-x7k2p"));
-  await assertParses(inspectScript());
-  assert.match(r, /^check_owner '\/etc\/containers\/systemd\/pool-x7k2p-runtime\.container' '0b7e6c1a'$/m);
-  assert.match(r, /^for v in 'jumpstarter-pool-x7k2p-shared' 'jumpstarter-pool-x7k2p-disk'; do$/m);
-  assert.match(r, /^ +podman volume rm -f "\$v" >\/dev\/null$/m);
-  // the disk's image goes with its volume, under the same uid check, before it
-  assert.match(
-    r,
-    /rm -f '\/var\/lib\/qemu-ssh\.jumpstarter\.dev\/disks\/pool-x7k2p\.img'\n(.*\n){2} *podman volume rm/,
-  );
-  assert.match(r, /'\/var\/lib\/qemu-ssh\.jumpstarter\.dev\/disks\/\.pool-x7k2p\.img\.qsp-tmp\.'\*/);
-  // a volume is removed only under our uid label: the uid asked for, or any uid of ours
-  assert.match(r, /^ *v_uid=.*\{\{index \.Labels "qemu-ssh\.jumpstarter\.dev\/uid"\}\}/m);
-  assert.match(r, /^ *if \[ -n "\$v_uid" \] && \{ \[ -z '0b7e6c1a' \] \|\| \[ "\$v_uid" = '0b7e6c1a' \]; \}; then$/m);
-  assert.match(removeScript("pool-x7k2p"), /^ *if \[ -n "\$v_uid" \] && \{ \[ -z '' \] \|\|/m);
-  assert.match(r, /'\/etc\/jumpstarter\/exporters\/\.pool-x7k2p\.yaml\.qsp-tmp\.'\*/, "temp files are swept");
-  assert.match(removeScript("pool-x7k2p"), /^check_owner '\/etc\/jumpstarter\/exporters\/pool-x7k2p\.yaml' ''$/m);
+const dirOf = (p: string) => p.slice(0, p.lastIndexOf("/"));
+
+Deno.test("apply's file steps, under dash and bash: every path ownership-checked, directories made, each file put", async () => {
+  const steps = `${recorder(["check_owner", "link", "mkdir", "chmod", "chown"])}put() { rec put "$@"; changed=1; }
+each_file check_paths
+each_file make_dirs
+rt_changed=0 ex_changed=0 cfg_changed=0
+each_file write_file
+rec changed "$rt_changed$ex_changed$cfg_changed"
+`;
+  const expected = [
+    ...rendered.files.flatMap((f) => [f.path, ...f.links]).map((p) => ["check_owner", p, rendered.uid]),
+    ...rendered.files.flatMap((f) => [
+      ...[f.path, ...f.links].flatMap((
+        p,
+      ) => [["mkdir", "-p", dirOf(p)], ...f.secret ? [["chmod", "0700", dirOf(p)]] : []]),
+      ...f.owner !== 0 ? [["chown", `${f.owner}:${f.owner}`, dirOf(f.path)]] : [],
+    ]),
+    ...rendered.files.flatMap((f) => [
+      [
+        "put",
+        f.path,
+        f.mode.toString(8),
+        String(f.owner),
+        sha256(f.content),
+        Buffer.from(f.content).toString("base64"),
+      ],
+      ...f.links.map((l) => ["link", f.path, l]),
+    ]),
+    ["changed", "111"],
+  ];
+  assert.ok(expected.some((c) => c[0] === "chmod" && c[2] === "/etc/jumpstarter/exporters"), "the config is secret");
+  assert.ok(expected.some((c) => c.join(" ") === "chown 65532:65532 /etc/jumpstarter/exporters/pool-x7k2p.d"));
+  for (const shell of SHELLS) {
+    const out = await runShell(shell, definitions(applyScript(rendered, { kvmRequired: true })) + steps);
+    assert.equal(out.code, 0, `${shell}: ${out.stderr}`);
+    assert.deepEqual(records(out.stdout), expected, shell);
+  }
+});
+
+Deno.test("put and link, under dash and bash: a file is replaced only when its content or mode differs", async () => {
+  for (const shell of SHELLS) {
+    const dir = await Deno.makeTempDir();
+    try {
+      const f = `${dir}/a.yaml`, l = `${dir}/b.yaml`;
+      const put = (content: string, mode: string) =>
+        `put ${shQuote(f)} ${mode} 0 ${sha256(content)} ${Buffer.from(content).toString("base64")}\n`;
+      const out = await runShell(
+        shell,
+        definitions(applyScript(rendered, { kvmRequired: true })) +
+          `${put("one\n", "600")}${put("one\n", "600")}${put("one\n", "644")}${put("two\n", "644")}` +
+          `link ${shQuote(f)} ${shQuote(l)}\nlink ${shQuote(f)} ${shQuote(l)}\nsay "done"\n`,
+      );
+      assert.equal(out.code, 0, `${shell}: ${out.stderr}`);
+      assert.deepEqual(parseApplyOutput(out.stdout, out.stderr, out.code).changed, [f, f, f, l], shell);
+      assert.equal(await Deno.readTextFile(l), "two\n");
+      assert.equal((await Deno.stat(f)).mode! & 0o777, 0o644);
+      assert.deepEqual([...Deno.readDirSync(dir)].map((e) => e.name).sort(), ["a.yaml", "b.yaml"], "no temp file left");
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  }
+});
+
+Deno.test("the restart records, under dash and bash: systemctl show's lines parsed, a unit runs what it was started with", async () => {
+  for (const shell of SHELLS) {
+    const dir = await Deno.makeTempDir();
+    try {
+      const frag = `${dir}/u.service`;
+      await Deno.writeTextFile(frag, "[Service]\nExecStart=/bin/one\n");
+      // a fake systemctl: `show` prints what a running unit loaded from frag has
+      const fake = `systemctl() { printf '%s\\n' LoadState=loaded ActiveState=active SubState=running NRestarts=2 \\
+FragmentPath=${frag} NeedDaemonReload=no; }\n`;
+      const out = await runShell(
+        shell,
+        withValues(definitions(applyScript(rendered, { kvmRequired: true })), LIB_SH, { RUN_DIR: dir }) + fake +
+          `unit u.service; say state u.service "$active" "$sub" "$restarts"
+adopt u.service
+if outdated u.service; then say restart-pending u.service; fi
+printf '[Service]\\nExecStart=/bin/two\\n' >${shQuote(frag)}
+if outdated u.service; then say restarted u.service; fi
+say "done"
+`,
+      );
+      assert.equal(out.code, 0, `${shell}: ${out.stderr}`);
+      const report = parseApplyOutput(out.stdout, out.stderr, out.code);
+      assert.deepEqual(report.states, { "u.service": { active: "active", sub: "running", restarts: 2 } }, shell);
+      assert.deepEqual(report.pending, [], `${shell}: a unit without a record is adopted, not restarted`);
+      assert.deepEqual(report.restarted, ["u.service"], `${shell}: a new definition loaded owes a restart`);
+      assert.equal(
+        await Deno.readTextFile(`${dir}/u.service.started`),
+        `${sha256("[Service]\nExecStart=/bin/one\n")}\n`,
+      );
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  }
+});
+
+Deno.test("make_volume, under dash and bash: labelled with the owner, the controller when there is one", async () => {
+  const run = async (shell: string, controller: string) => {
+    const s = applyScript({ ...rendered, controller }, { kvmRequired: true });
+    // podman's output goes to /dev/null there: the fake records on fd 3
+    const fake = `${recorder([])}podman() { rec podman "$@" >&3; }\nexec 3>&1\n`;
+    const out = await runShell(shell, `${definitions(s)}${fake}make_volume v --opt o=uid=1,gid=1\n`);
+    assert.equal(out.code, 0, `${shell}: ${out.stderr}`);
+    assert.match(out.stdout, /\0qsp volume-created v\n$/);
+    return records(out.stdout);
+  };
+  const labels = [
+    "--label",
+    "jumpstarter.dev/exporter=pool-x7k2p",
+    "--label",
+    `qemu-ssh.jumpstarter.dev/uid=${rendered.uid}`,
+    "--label",
+    "jumpstarter.dev/namespace=jumpstarter",
+  ];
+  for (const shell of SHELLS) {
+    assert.deepEqual(await run(shell, ""), [["podman", "volume", "create", ...labels, "--opt", "o=uid=1,gid=1", "v"]]);
+    assert.deepEqual(await run(shell, "ctl-1"), [[
+      "podman",
+      "volume",
+      "create",
+      ...labels,
+      "--label",
+      "qemu-ssh.jumpstarter.dev/controller=ctl-1",
+      "--opt",
+      "o=uid=1,gid=1",
+      "v",
+    ]]);
+  }
+});
+
+/**
+ * The remove script run in a temporary root: its paths moved there, systemctl a fake that knows no unit, podman a
+ * fake whose volumes are files (`vol-NAME` holding its uid label).
+ */
+async function removeInRoot(shell: string, dir: string, uid?: string, wait = "60") {
+  const s = removeScript("pool-x7k2p", uid === undefined ? {} : { uid });
+  const v = await headerValues(s);
+  const moved = (p: string) => `${dir}${p}`;
+  const fakes = `systemctl() { if [ "$1" = show ]; then echo LoadState=not-found; fi; }
+podman() {
+  case "$1 $2" in
+  "container exists") return 1 ;;
+  "volume inspect") cat ${shQuote(dir)}/vol-"$5" 2>/dev/null || return 125 ;;
+  "volume rm") rm ${shQuote(dir)}/vol-"$4" ;;
+  esac
+}
+`;
+  const script = withValues(s, LIB_SH, {
+    RUN_DIR: dir,
+    HOST_LOCK: `${dir}/lock`,
+    LOCK_WAIT_SECONDS: wait,
+    FILES: v.FILES.split("\n").map(moved).join("\n"),
+    MOUNT_DIR: moved(v.MOUNT_DIR),
+    IMG: moved(v.IMG),
+    STARTED: v.STARTED.split(" ").map(moved).join(" "),
+    PENDING: v.PENDING && moved(v.PENDING),
+  }).replace(LIB_SH, LIB_SH + fakes);
+  const out = await runShell(shell, script);
+  return { v, report: parseRemoveOutput(out.stdout, out.stderr, out.code), out };
+}
+
+Deno.test("removeScript in a temporary root, under dash and bash: ours goes, temp files too, a second run removes nothing", async () => {
+  for (const shell of SHELLS) {
+    const dir = await Deno.makeTempDir();
+    try {
+      const v = await headerValues(removeScript("pool-x7k2p", { uid: "u-1" }));
+      const owner = (uid: string) => `# managed\n# qemu-ssh.jumpstarter.dev/owner: namespace=ns set=pool uid=${uid}\n`;
+      const files = v.FILES.split("\n").map((p) => `${dir}${p}`);
+      for (const f of [...files, `${dir}${v.IMG}`, `${dir}${dirOf(v.IMG)}/.pool-x7k2p.img.qsp-tmp.ab12`]) {
+        await Deno.mkdir(dirOf(f), { recursive: true });
+        await Deno.writeTextFile(f, owner("u-1"));
+      }
+      const tempFile = `${dirOf(files[2])}/.pool-x7k2p.yaml.qsp-tmp.XyZ123`;
+      await Deno.writeTextFile(tempFile, "half written");
+      await Deno.mkdir(`${dir}${dirOf(v.STARTED.split(" ")[0])}`, { recursive: true });
+      await Deno.writeTextFile(`${dir}${v.STARTED.split(" ")[0]}`, "abc\n");
+      await Deno.writeTextFile(`${dir}/vol-${v.VOLUME}`, "u-1\n");
+      await Deno.writeTextFile(`${dir}/vol-${v.DISK}`, "u-2\n");
+
+      // another uid's files are refused before anything goes
+      const other = await removeInRoot(shell, dir, "u-9");
+      assert.deepEqual(other.report.errors.map((e) => e.code), files.map(() => "owner-conflict"), shell);
+      assert.ok(await Deno.stat(files[0]));
+
+      const { report, out } = await removeInRoot(shell, dir, "u-1");
+      assert.ok(report.ok, `${shell}: ${JSON.stringify(report.errors)} ${out.stderr}`);
+      assert.deepEqual(report.removed, [
+        ...files.map((name) => ({ kind: "file", name })),
+        { kind: "file", name: tempFile },
+        { kind: "dir", name: `${dir}${v.MOUNT_DIR}` },
+        { kind: "file", name: `${dir}${dirOf(v.IMG)}/.pool-x7k2p.img.qsp-tmp.ab12` },
+        { kind: "volume", name: v.VOLUME },
+      ], shell);
+      assert.ok(report.reloaded, "a quadlet went");
+      // the disk volume is another uid's: it and its image stay
+      assert.ok(await Deno.stat(`${dir}${v.IMG}`));
+      await assert.rejects(Deno.stat(`${dir}${v.STARTED.split(" ")[0]}`), Deno.errors.NotFound);
+
+      const again = await removeInRoot(shell, dir, "u-1");
+      assert.deepEqual([again.report.ok, again.report.removed, again.report.reloaded], [true, [], false], shell);
+      assert.match(again.out.stdout, /^qsp removed nothing$/m);
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  }
+});
+
+Deno.test("inspectScript: scripts/inspect.sh after the constants, valid sh", async () => {
+  const s = inspectScript();
+  await assertParses(s);
+  assert.ok(s.startsWith("# inspect\n") && s.endsWith(LIB_SH + INSPECT_SH));
+});
+
+Deno.test("the host lock, under dash and bash: a script refuses with host-busy while another holds it", async () => {
+  for (const shell of SHELLS) {
+    const dir = await Deno.makeTempDir();
+    const holder = new Deno.Command("flock", {
+      args: [`${dir}/lock`, "sh", "-c", "echo held; read -r _"],
+      stdin: "piped",
+      stdout: "piped",
+    }).spawn();
+    try {
+      const reader = holder.stdout.getReader();
+      assert.equal(new TextDecoder().decode((await reader.read()).value), "held\n");
+      const { report, out } = await removeInRoot(shell, dir, undefined, "0");
+      assert.equal(out.code, 2, shell);
+      assert.deepEqual(report.errors.map((e) => e.code), ["host-busy"], shell);
+      assert.match(report.errors[0].message, new RegExp(`held ${dir}/lock for over 0s`));
+      reader.releaseLock();
+    } finally {
+      await holder.stdin.close();
+      await holder.stdout.cancel();
+      await holder.status;
+      await Deno.remove(dir, { recursive: true });
+    }
+  }
 });
 
 Deno.test("parseApplyOutput: a first apply", () => {
@@ -465,28 +696,31 @@ Deno.test("parseApplyOutput: a podman-too-old refusal is an error with its code,
   ]);
 });
 
-Deno.test("applyScript: KVM required where only /dev/kvm's owner may open it is refused (kvm-denied), by dash", async () => {
+Deno.test("applyScript: KVM required where only /dev/kvm's owner may open it is refused (kvm-denied), by dash and bash", async () => {
   const denied = { ...rendered, facts: { podman: "5.4.2", kvm: { mode: 0o600, gid: 0 } } };
   const s = applyScript(denied, { kvmRequired: true });
-  await assertParses(s);
-  assert.doesNotMatch(applyScript(denied, { kvmRequired: false }), /kvm-denied/);
+  assert.deepEqual([(await headerValues(s)).KVM_DENIED_MODE, (await headerValues(s)).KVM_GID], ["0600", "0"]);
   for (const kvm of [{ mode: 0o660, gid: 993 }, { mode: 0o666, gid: 0 }, null]) {
-    assert.doesNotMatch(
-      applyScript({ ...rendered, facts: { podman: "5.4.2", kvm } }, { kvmRequired: true }),
-      /kvm-denied/,
-    );
+    const v = await headerValues(applyScript({ ...rendered, facts: { podman: "5.4.2", kvm } }, { kvmRequired: true }));
+    assert.equal(v.KVM_DENIED_MODE, "", JSON.stringify(kvm));
   }
-  // the devices step's kvm lines alone, with the node's owner as stat would name it
-  const lines = s.split("\n");
-  const from = lines.findIndex((l) => l.startsWith("step=devices"));
-  const to = lines.findIndex((l, i) => i > from && l.startsWith("refuse_if_errors"));
-  const step = lines.slice(from, to).filter((l) => !l.includes("device-missing")).join("\n");
-  const script = `errors=0\nerr() { echo "qsp error $*"; }\nstat() { echo root:root; }\n${step}\necho "qsp done"\n`;
-  const out = await new Deno.Command("dash", { args: ["-c", script] }).output();
-  const report = parseApplyOutput(new TextDecoder().decode(out.stdout), "", 2);
-  const codes = report.errors.map((e) => e.code).filter((c) => c !== "kvm-missing");
-  assert.deepEqual(codes, ["kvm-denied"]);
-  const message = report.errors.find((e) => e.code === "kvm-denied")!.message;
-  assert.match(message, /^\/dev\/kvm is mode 0600 owned by root:root \(gid 0\): the exporter \(uid 65532/);
-  assert.match(message, /make it 0660 root:kvm .*KERNEL=="kvm", GROUP="kvm", MODE="0660".* or 0666 as Fedora/);
+  // the devices step alone, with the node's owner as stat would name it
+  const from = APPLY_SH.indexOf("\nstep=devices\n");
+  const step = APPLY_SH.slice(from, APPLY_SH.indexOf("\nrefuse_if_errors\n", from));
+  for (const shell of SHELLS) {
+    for (const [kvmRequired, expected] of [[true, ["kvm-denied"]], [false, []]] as const) {
+      const script = `${
+        definitions(applyScript(denied, { kvmRequired }))
+      }stat() { echo root:root; }\n${step}\nsay done\n`;
+      const out = await runShell(shell, script);
+      const report = parseApplyOutput(out.stdout, out.stderr, out.code);
+      const codes = report.errors.map((e) => e.code);
+      assert.ok(codes.includes("device-missing"), `${shell}: /dev/ttyUSB0 is missing here`);
+      assert.deepEqual(codes.filter((c) => c !== "kvm-missing" && c !== "device-missing"), expected, shell);
+      if (!kvmRequired) continue;
+      const message = report.errors.find((e) => e.code === "kvm-denied")!.message;
+      assert.match(message, /^\/dev\/kvm is mode 0600 owned by root:root \(gid 0\): the exporter \(uid 65532/);
+      assert.match(message, /make it 0660 root:kvm .*KERNEL=="kvm", GROUP="kvm", MODE="0660".* or 0666 as Fedora/);
+    }
+  }
 });

@@ -36,6 +36,9 @@ import {
   STAGED_EXEC,
 } from "./render.ts";
 import { type ApplyOptions, applyScript, removeScript } from "./remote.ts";
+import { definitions, recorder, records, runShell } from "./script_harness.ts";
+import LIB_SH from "./scripts/lib.sh" with { type: "text" };
+import APPLY_SH from "./scripts/apply.sh" with { type: "text" };
 
 // ---------------------------------------------------------------- generators
 
@@ -302,54 +305,28 @@ const PYYAML_UNREADABLE = /[\x7f-\x84\x86-\x9f\ufffe\uffff]/;
 
 // ---------------------------------------------------------------- apply script
 
-// the hosts run the scripts as `sh -s`; /bin/sh here is dash, the strictest POSIX shell they are likely to have
-const SH = "/bin/sh";
-
-async function sh(args: string[], input: string): Promise<{ code: number; stdout: Uint8Array; stderr: string }> {
-  const p = new Deno.Command(SH, { args, stdin: "piped", stdout: "piped", stderr: "piped" }).spawn();
-  const w = p.stdin.getWriter();
-  await w.write(new TextEncoder().encode(input));
-  await w.close();
-  const out = await p.output();
-  return { code: out.code, stdout: out.stdout, stderr: new TextDecoder().decode(out.stderr) };
-}
-
 /**
- * The apply script's lines that carry values into the host's shell (variables, ownership checks, directories, file
- * writes and links), run by a real shell with those commands replaced by a recorder: what it records is what the
- * quoting delivered.
+ * The apply script's file steps (ownership checks, directories, file writes and links), run by a real shell (dash, the
+ * strictest POSIX shell a host is likely to run `sh -s` with) with those commands replaced by a recorder: what it
+ * records is what the header's quoting delivered.
  */
-const HARNESS = `rec() { printf '%s\\0' "$#" "$@"; }
-check_owner() { rec check_owner "$@"; }
-put() { rec put "$@"; }
-link() { rec link "$@"; }
-mkdir() { rec mkdir "$@"; }
-chmod() { rec chmod "$@"; }
-chown() { rec chown "$@"; }
+const FILE_STEPS = `${recorder(["check_owner", "link", "mkdir", "chmod", "chown"])}put() { rec put "$@"; changed=1; }
+each_file check_paths
+each_file make_dirs
+rt_changed=0 ex_changed=0 cfg_changed=0
+each_file write_file
+rec vars "$UID_" "$RT" "$EX" "$RTQ" "$EXQ"
 `;
-const CARRIERS = /^(?:(?:UID_|RT|EX|RTQ|EXQ)=|check_owner |put |link |\(umask 022 && mkdir |chmod 0700 |chown )/;
-
-function records(out: Uint8Array): string[][] {
-  const parts = new TextDecoder().decode(out).split("\0");
-  const calls: string[][] = [];
-  for (let i = 0; i < parts.length - 1;) {
-    const n = Number(parts[i]);
-    calls.push(parts.slice(i + 1, i + 1 + n));
-    i += n + 1;
-  }
-  return calls;
-}
 
 function expectedCalls(r: RenderedInstance): string[][] {
-  const all = r.files.flatMap((f) => [f.path, ...f.links]);
   const dir = (p: string) => p.slice(0, p.lastIndexOf("/"));
-  const secretDirs = r.files.filter((f) => f.secret).flatMap((f) => [f.path, ...f.links]).map(dir);
   const base = (u: string) => u.replace(/\.service$/, "");
   return [
-    ...all.map((p) => ["check_owner", p, r.uid]),
-    ["mkdir", "-p", ...new Set(all.map(dir))],
-    ["chmod", "0700", ...new Set(secretDirs)],
-    ...r.files.filter((f) => f.owner !== 0).map((f) => ["chown", `${f.owner}:${f.owner}`, dir(f.path)]),
+    ...r.files.flatMap((f) => [f.path, ...f.links]).map((p) => ["check_owner", p, r.uid]),
+    ...r.files.flatMap((f) => [
+      ...[f.path, ...f.links].flatMap((p) => [["mkdir", "-p", dir(p)], ...f.secret ? [["chmod", "0700", dir(p)]] : []]),
+      ...f.owner !== 0 ? [["chown", `${f.owner}:${f.owner}`, dir(f.path)]] : [],
+    ]),
     ...r.files.flatMap((f) => [
       [
         "put",
@@ -374,7 +351,7 @@ function expectedCalls(r: RenderedInstance): string[][] {
 
 /** The script with the content of every file write (its hash and base64 payload) blanked out. */
 const withoutPayloads = (script: string) =>
-  script.replace(/^(put '[^']*' [0-7]+ [0-9]+) [0-9a-f]{64} '[A-Za-z0-9+/=]*'$/gm, "$1 HASH 'PAYLOAD'");
+  script.replace(/^((?:FILES=')?[a-z]+ [01] [0-7]+ [0-9]+) [0-9a-f]{64} [A-Za-z0-9+/=]+ /gm, "$1 HASH PAYLOAD ");
 
 const applyOptions = fc.record({
   kvmRequired: fc.boolean(),
@@ -475,15 +452,13 @@ export const RENDER_PROPERTIES: NamedProperty[] = [
         const r = tryRender(inst);
         if (!r) return;
         const script = applyScript(r, opts);
-        const syntax = await sh(["-n"], script);
+        const syntax = await runShell("dash", script, ["-n"]);
         assert.equal(syntax.code, 0, `sh -n: ${syntax.stderr}`);
-        const removal = await sh(["-n"], removeScript(r.name, { uid: r.uid }));
+        const removal = await runShell("dash", removeScript(r.name, { uid: r.uid }), ["-n"]);
         assert.equal(removal.code, 0, `sh -n on the remove script: ${removal.stderr}`);
-        const carriers = script.split("\n").filter((l) => CARRIERS.test(l));
-        const run = await sh([], `${HARNESS}${carriers.join("\n")}\nrec vars "$UID_" "$RT" "$EX" "$RTQ" "$EXQ"\n`);
+        const run = await runShell("dash", definitions(script) + FILE_STEPS);
         assert.equal(run.code, 0, run.stderr);
-        const calls = records(run.stdout);
-        assert.deepEqual(calls, expectedCalls(r));
+        assert.deepEqual(records(run.stdout), expectedCalls(r));
       }),
   },
   {
@@ -508,13 +483,10 @@ export const RENDER_PROPERTIES: NamedProperty[] = [
         const r = tryRender(inst);
         if (!r) return;
         const marked = applyScript(renderInstance({ ...inst, ...MARKERS }), opts);
-        const lines = marked.split("\n");
-        assert.equal(lines[0], `# ${MARKERS.name}: apply`);
-        for (const [i, line] of lines.entries()) {
-          if (i === 0) continue;
-          const outside = line.replace(/'[^']*'/g, "''");
-          for (const m of Object.values(MARKERS)) assert.ok(!outside.includes(m), `unquoted ${m} in: ${line}`);
-        }
+        // a comment line, then only assignments (values in single quotes), then the fixed text of the scripts
+        const header = marked.slice(0, marked.indexOf(LIB_SH));
+        assert.equal(marked.slice(header.length), LIB_SH + APPLY_SH);
+        assert.equal(header.replace(/^[A-Z][A-Z0-9_]*='[^']*'\n/gm, ""), `# ${MARKERS.name}: apply\n`);
         // the same script with the real values in the markers' places, i.e. in the same quotes
         let expected = marked;
         for (const k of ["name", "namespace", "setName", "uid"] as const) {

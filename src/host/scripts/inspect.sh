@@ -1,0 +1,94 @@
+# inspect: one round trip that describes the host and every instance we manage on it, including half-deployed
+# leftovers: a config without quadlets, a container or volume without files (remote.ts inspectScript). After lib.sh;
+# the header's constants are all it needs.
+step=versions
+host_facts
+say facts "$facts"
+v=$(systemctl --version 2>/dev/null | head -n 1 || true)
+v=${v#systemd }
+say systemd "${v%% *}"
+g=none
+for c in $GENERATORS; do
+  if [ -x "$c" ]; then
+    g=$c
+    break
+  fi
+done
+say generator "$g"
+
+step=disk
+for d in /etc /var/lib/containers "$DISK_DIR"; do
+  p=$d
+  while [ -n "$p" ] && [ ! -e "$p" ]; do p=${p%/*}; done
+  say disk "$d" "$(df -Pk "${p:-/}" | awk 'NR == 2 { print $4 }')"
+done
+
+step=files
+owned=
+for f in "$QUADLET_DIR"/*-runtime.container "$QUADLET_DIR"/*-exporter.container "$CONFIG_DIR"/*.yaml \
+  "$CONFIG_DIR"/*.d/*.yaml; do
+  if [ ! -f "$f" ]; then continue; fi
+  o=$(head -n 2 "$f" | sed -n "s/^$OWNER_RE//p")
+  if [ -z "$o" ]; then continue; fi
+  owned="$owned$f$nl"
+  b=${f##*/}
+  case "$b" in
+  *-runtime.container) say file runtime "${b%-runtime.container}" "$f" "$o" ;;
+  *-exporter.container) say file exporter "${b%-exporter.container}" "$f" "$o" ;;
+  *) say file config "${b%.yaml}" "$f" "$o" ;;
+  esac
+done
+
+step=digests
+# what the controller compares with what it rendered (drift): two processes for all files, not two per file
+if [ -n "$owned" ]; then
+  # shellcheck disable=SC2086 # split on newlines only, no globbing: one word per path
+  (IFS=$nl && set -f && stat -c '%a:%u:%g %n' $owned) | while read -r m f; do say mode "$f" "$m"; done
+  # shellcheck disable=SC2086 # as above
+  (IFS=$nl && set -f && sha256sum $owned) | while read -r h f; do say sha256 "$f" "$h"; done
+fi
+
+step=units
+systemctl list-units --all --plain --no-legend --no-pager '*-runtime.service' '*-exporter.service' 2>/dev/null |
+  while read -r u load active sub _description; do say unit "$u" "$load" "$active" "$sub"; done
+
+step=records
+# what each unit was started with, and what systemd has loaded for it (quadlet units are generated there): a running
+# unit where the two differ owes a restart, which an apply gives it
+recorded=
+for f in "$RUN_DIR"/*.started; do
+  if [ -f "$f" ]; then
+    h=
+    read -r h <"$f" || true
+    u=${f##*/}
+    say record "${u%.started}" "$h"
+    recorded="$recorded ${u%.started}"
+  fi
+done
+# what systemd loaded for them: their FragmentPath, as the apply's `generated` reads it (named after the unit),
+# hashed by one sha256sum for all
+if [ -n "$recorded" ]; then
+  # shellcheck disable=SC2086 # unit names, which have no blanks
+  frags=$(systemctl show -p FragmentPath $recorded 2>/dev/null | sed -n 's/^FragmentPath=\(..*\)$/\1/p')
+  if [ -n "$frags" ]; then
+    # shellcheck disable=SC2086 # split on newlines only, no globbing: one word per path
+    (IFS=$nl && set -f && sha256sum $frags 2>/dev/null) | while read -r h f; do say loaded "${f##*/}" "$h"; done
+  fi
+fi
+
+if ! command -v podman >/dev/null 2>&1; then
+  say "done"
+  exit 0
+fi
+step=containers
+podman ps -a --filter "label=$PROVISIONER/role" --format "{{index .Labels \"jumpstarter.dev/exporter\"}} {{.Names}} \
+{{.State}} {{index .Labels \"$PROVISIONER/uid\"}} {{index .Labels \"$CONTROLLER_LABEL\"}}" |
+  while read -r n c s u o; do say container "$n" "$c" "$s" "$u" "$o"; done
+
+step=volumes
+podman volume ls --format "{{.Name}} {{index .Labels \"$PROVISIONER/uid\"}} \
+{{index .Labels \"jumpstarter.dev/namespace\"}} {{index .Labels \"$CONTROLLER_LABEL\"}}" |
+  while read -r v u n o; do
+    case "$v" in jumpstarter-*-shared | jumpstarter-*-disk) say volume "$v" "$u" "$n" "$o" ;; esac
+  done
+say "done"
