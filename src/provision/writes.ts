@@ -11,6 +11,7 @@ import { FINALIZER, SET_LABEL, templateMarks } from "./marks.ts";
 import { PROVISIONER } from "../api/types.ts";
 import type { Plan } from "./plan.ts";
 import { statusChanged } from "./status.ts";
+import { TARGET_ANNOTATION } from "./targets.ts";
 
 /**
  * How long an Exporter we created may take to show up in the cache before we stop counting it as pending. Longer than
@@ -31,9 +32,9 @@ export const MAX_CREATES = 50;
  * the cache read and the write, and a leased Exporter must never be drained or deleted. A conflict ends this round
  * with an error, so the set is planned again on fresh data.
  */
-export async function act(ctx: Context, set: ExporterSet, p: Plan): Promise<void> {
+export async function act(ctx: Context, set: ExporterSet, p: Plan, places: string[] = []): Promise<void> {
   const ns = set.metadata.namespace!;
-  await createExporters(ctx, set, p.create);
+  await createExporters(ctx, set, p.create, places);
   for (const n of p.enable) await setEnabled(ctx, set, ns, n, true);
   const changed: string[] = [];
   const asPlanned = async (n: string, write: (e: Exporter) => Promise<void>) => {
@@ -94,8 +95,12 @@ async function recycle(ctx: Context, set: ExporterSet, ns: string, name: string)
   ctx.recorder.event(set, "Normal", "DeletingExporter", `deleting exporter ${name}, its lease ended`);
 }
 
-/** Exporters this process created for the set that the cache does not show yet. */
-export function pendingCreates(ctx: Context, set: ExporterSet, live: Exporter[]): string[] {
+/** Exporters this process created for the set that the cache does not show yet, with the target each was placed on. */
+export function pendingCreates(
+  ctx: Context,
+  set: ExporterSet,
+  live: Exporter[],
+): { name: string; where?: string }[] {
   const exp = ctx.expectations.get(set.metadata.uid!);
   if (!exp) return [];
   for (const e of live) exp.names.delete(e.metadata.name!);
@@ -103,7 +108,7 @@ export function pendingCreates(ctx: Context, set: ExporterSet, live: Exporter[])
     ctx.expectations.delete(set.metadata.uid!);
     return [];
   }
-  return [...exp.names];
+  return [...exp.names].map(([name, where]) => ({ name, where }));
 }
 
 /**
@@ -111,7 +116,7 @@ export function pendingCreates(ctx: Context, set: ExporterSet, live: Exporter[])
  * create the API server refuses (quota, webhook, overload) fails once rather than n times. Every create that did
  * succeed is expected, failed batch included, so the next reconcile does not create it again.
  */
-async function createExporters(ctx: Context, set: ExporterSet, n: number): Promise<void> {
+async function createExporters(ctx: Context, set: ExporterSet, n: number, places: string[]): Promise<void> {
   n = Math.min(n, MAX_CREATES);
   if (n <= 0) return;
   const m = set.metadata;
@@ -126,19 +131,22 @@ async function createExporters(ctx: Context, set: ExporterSet, n: number): Promi
     );
   }
   const names: string[] = [];
+  const created = new Map<string, string | undefined>();
   let failure: unknown;
-  for (let batch = 1, left = n; left > 0 && failure === undefined; left -= batch, batch *= 2) {
+  for (let batch = 1, done = 0; done < n && failure === undefined; done += batch, batch *= 2) {
     const results = await Promise.allSettled(
-      Array.from({ length: Math.min(batch, left) }, () => createOne(ctx, set, marks)),
+      Array.from({ length: Math.min(batch, n - done) }, (_, i) => createOne(ctx, set, marks, places[done + i])),
     );
-    for (const r of results) {
-      if (r.status === "fulfilled") names.push(r.value.metadata.name!);
-      else failure ??= r.reason;
-    }
+    results.forEach((r, i) => {
+      if (r.status === "fulfilled") {
+        names.push(r.value.metadata.name!);
+        created.set(r.value.metadata.name!, places[done + i]);
+      } else failure ??= r.reason;
+    });
   }
   if (names.length) {
-    const exp = ctx.expectations.get(m.uid!) ?? { names: new Set<string>(), until: 0 };
-    for (const name of names) exp.names.add(name);
+    const exp = ctx.expectations.get(m.uid!) ?? { names: new Map<string, string | undefined>(), until: 0 };
+    for (const [name, where] of created) exp.names.set(name, where);
     exp.until = ctx.now().getTime() + EXPECTATION_MS;
     ctx.expectations.set(m.uid!, exp);
     ctx.recorder.event(set, "Normal", "CreatedExporters", `created ${names.join(", ")}`);
@@ -146,14 +154,20 @@ async function createExporters(ctx: Context, set: ExporterSet, n: number): Promi
   if (failure !== undefined) throw failure;
 }
 
-function createOne(ctx: Context, set: ExporterSet, marks: ReturnType<typeof templateMarks>): Promise<Exporter> {
+/** One Exporter; `where`, the target a pooled set placed it on, is recorded at once so its slot is taken. */
+function createOne(
+  ctx: Context,
+  set: ExporterSet,
+  marks: ReturnType<typeof templateMarks>,
+  where: string | undefined,
+): Promise<Exporter> {
   const m = set.metadata;
   return ctx.client.create<Exporter>(EXPORTERS, {
     metadata: {
       generateName: `${m.name}-`,
       namespace: m.namespace,
       labels: { ...marks.labels, [SET_LABEL]: m.name! },
-      annotations: marks.annotations,
+      annotations: where ? { ...marks.annotations, [TARGET_ANNOTATION]: where } : marks.annotations,
       finalizers: [FINALIZER],
       ownerReferences: [{
         apiVersion: `${EXPORTER_SETS.group}/${EXPORTER_SETS.version}`,
