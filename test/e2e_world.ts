@@ -12,12 +12,13 @@ import {
   EVENTS,
   EXPORTER_SETS,
   EXPORTERS,
+  JUMPSTARTER_LEASES,
   NAMESPACES,
   SECRETS,
   VIRTUAL_TARGET_CLASSES,
 } from "../src/kube/resources.ts";
 import { readClusterId } from "../src/run.ts";
-import type { Exporter, ExporterSet, KubeObject, Secret, VirtualTargetClass } from "../src/api/types.ts";
+import type { Exporter, ExporterSet, KubeObject, Lease, Secret, VirtualTargetClass } from "../src/api/types.ts";
 import { SshPool, type SshPoolOptions, type SshTarget } from "../src/host/ssh.ts";
 import { LabHosts } from "../src/host/lab.ts";
 import { Controller } from "../src/provision/controller.ts";
@@ -180,6 +181,18 @@ export interface KubeEvent extends KubeObject {
   message: string;
   count?: number;
   involvedObject: { kind: string; name: string };
+}
+
+/** A lease under way on the Exporter, as Jumpstarter records it; returns the Lease's name. */
+export async function lease(w: World, exporter: string): Promise<string> {
+  const l = await w.client.create<Lease>(JUMPSTARTER_LEASES, {
+    metadata: { generateName: "lease-", namespace: w.ns },
+    spec: { selector: { matchLabels: { board: "aarch64-qemu" } } },
+  });
+  const name = l.metadata.name!;
+  await w.client.mergePatch(JUMPSTARTER_LEASES, w.ns, name, { status: { exporterRef: { name: exporter } } }, "status");
+  await w.client.mergePatch(EXPORTERS, w.ns, exporter, { status: { leaseRef: { name } } }, "status");
+  return name;
 }
 
 export const events = async (w: World): Promise<KubeEvent[]> => (await w.client.list<KubeEvent>(EVENTS, w.ns)).items;
