@@ -1185,3 +1185,25 @@ Deno.test("reconcile, pool: a host silent past hostFailureTimeout loses its idle
   assert.ok(!w.ctx.hostReach.has("pa:22"), "pa answers again");
   assert.equal(onHost(w).pa, 1, "nothing moved back");
 });
+
+Deno.test("reconcile, pool: a host taken out of the list loses its idle instances at once; a leased one waits", async () => {
+  const w = poolWorld();
+  await w.deployed();
+  const onPc = w.exporters().filter((e) => e.metadata.annotations![TARGET_ANNOTATION].includes("@pc:"));
+  const leased = onPc[0].metadata.name!;
+  w.patchExporterStatus(leased, { leaseRef: { name: "l1" } });
+  const cls = w.ctx.caches.classes.get(NS, "qemu")!;
+  w.kube.put<VirtualTargetClass>(VIRTUAL_TARGET_CLASSES, {
+    ...cls,
+    spec: { ...cls.spec, parameters: { ...cls.spec.parameters, hosts: [{ name: "pa" }, { name: "pb" }] } },
+  });
+  await w.reconcile();
+  for (const e of onPc.slice(1)) assert.equal(w.exporter(e.metadata.name!)!.spec!.enabled, false, "drained");
+  await w.reconcile();
+  assert.deepEqual(onHost(w), { pa: 3, pb: 3, pc: 1 }, "the idle ones replaced on the pool's hosts");
+  assert.equal(w.set.status!.hosts!.find((h) => h.name === "pc")?.instances, 1, "the host left is still shown");
+  w.patchExporterStatus(leased, { leaseRef: undefined });
+  await w.reconcile();
+  await w.reconcile();
+  assert.equal(onHost(w).pc, undefined, "once its lease is over, the last one leaves too");
+});
