@@ -261,7 +261,15 @@ async function createLease(w: World, name: string, matchLabels: Record<string, s
 }
 
 function counts(s: ExporterSet): Record<string, number | undefined> {
-  const { conditions: _c, selector: _s, observedGeneration: _g, surplusSince: _x, ...rest } = s.status ?? {};
+  const {
+    conditions: _c,
+    selector: _s,
+    observedGeneration: _g,
+    surplusSince: _x,
+    hosts: _h,
+    hostSummary: _hs,
+    ...rest
+  } = s.status ?? {};
   return rest;
 }
 

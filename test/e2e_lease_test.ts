@@ -15,6 +15,7 @@ import {
   exporters,
   getSet,
   hostHas,
+  lease,
   SECOND_HOST,
   SET,
   sh,
@@ -26,18 +27,6 @@ import { EXPORTER_SETS, EXPORTERS, JUMPSTARTER_LEASES } from "../src/kube/resour
 import type { ExporterSet, Lease } from "../src/api/types.ts";
 
 const opts = { sanitizeOps: false, sanitizeResources: false };
-
-/** A lease under way on the Exporter, as Jumpstarter records it; returns the Lease's name. */
-async function lease(w: World, exporter: string): Promise<string> {
-  const l = await w.client.create<Lease>(JUMPSTARTER_LEASES, {
-    metadata: { generateName: "lease-", namespace: w.ns },
-    spec: { selector: { matchLabels: { board: "aarch64-qemu" } } },
-  });
-  const name = l.metadata.name!;
-  await w.client.mergePatch(JUMPSTARTER_LEASES, w.ns, name, { status: { exporterRef: { name: exporter } } }, "status");
-  await w.client.mergePatch(EXPORTERS, w.ns, exporter, { status: { leaseRef: { name } } }, "status");
-  return name;
-}
 
 async function endLease(w: World, exporter: string, name: string): Promise<void> {
   await w.client.mergePatch(JUMPSTARTER_LEASES, w.ns, name, { status: { ended: true } }, "status");

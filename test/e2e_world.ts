@@ -184,6 +184,18 @@ export interface KubeEvent extends KubeObject {
   involvedObject: { kind: string; name: string };
 }
 
+/** A lease under way on the Exporter, as Jumpstarter records it; returns the Lease's name. */
+export async function lease(w: World, exporter: string): Promise<string> {
+  const l = await w.client.create<Lease>(JUMPSTARTER_LEASES, {
+    metadata: { generateName: "lease-", namespace: w.ns },
+    spec: { selector: { matchLabels: { board: "aarch64-qemu" } } },
+  });
+  const name = l.metadata.name!;
+  await w.client.mergePatch(JUMPSTARTER_LEASES, w.ns, name, { status: { exporterRef: { name: exporter } } }, "status");
+  await w.client.mergePatch(EXPORTERS, w.ns, exporter, { status: { leaseRef: { name } } }, "status");
+  return name;
+}
+
 export const events = async (w: World): Promise<KubeEvent[]> => (await w.client.list<KubeEvent>(EVENTS, w.ns)).items;
 
 /** Waits until the set has `n` exporters, each deployed and Available in the set's status. */

@@ -1,6 +1,6 @@
 /**
  * `deno task sandbox up [--hosts N] [--jumpstarter fake|real] [--kvm-mode 0660|0666] [--podman 4.9.3] | down |
- * status | demo | show | scale N | lease`: a local world to run the provisioner in.
+ * status | demo | show | scale N | lease | host stop|start NAME`: a local world to run the provisioner in.
  *
  * up:     a real control plane (CRDs installed), N real lab hosts, and what issues exporter credentials: the
  *         FakeJumpstarterController (--jumpstarter fake), or the real Jumpstarter controller and router with the real
@@ -23,13 +23,23 @@
  * show:   the ExporterSet table, the instances per host and `podman ps` on the hosts (demo ends with it).
  * scale:  what `kubectl scale exportersets/aarch64-ssh-pool --replicas=N` does (sets maxReplicas).
  * lease:  marks an idle exporter leased, as Jumpstarter does for `jmp lease`.
+ * host:   `host stop NAME` powers lab host NAME (h1, ...) off, keeping its keys and disks; `host start NAME` powers
+ *         it on again (test/labhost/labhost.ts powerOffLabHost, powerOnLabHost).
  * down:   stops everything `up` and `demo` started, by process id.
  */
 import { builtPath } from "./built.ts";
 import { parseArgs } from "node:util";
 import { Buffer } from "node:buffer";
 import { startControlPlane, stopControlPlane } from "./controlplane/controlplane.ts";
-import { hostExec, type LabHost, type LabNet, startLabHosts, stopLabHosts } from "./labhost/labhost.ts";
+import {
+  hostExec,
+  type LabHost,
+  type LabNet,
+  powerOffLabHost,
+  powerOnLabHost,
+  startLabHosts,
+  stopLabHosts,
+} from "./labhost/labhost.ts";
 import { installCrds, installCrdsAt, seedExample, waitFor } from "./env.ts";
 import { installClusterIdRole, installControllerRbac } from "./rbac.ts";
 import { startFakeJumpstarter } from "./fake_jumpstarter.ts";
@@ -453,6 +463,20 @@ switch (command) {
     client.close();
     break;
   }
+  case "host": {
+    // a lab host's power, as a pool's failover sees it: stop keeps its keys and disks, start brings it back
+    const [, action, name] = positionals;
+    const hosts: LabHost[] = JSON.parse(await Deno.readTextFile(`${DIR}/labhosts.json`));
+    const host = hosts.find((h) => h.name === name);
+    if ((action !== "stop" && action !== "start") || !host) {
+      console.error(`usage: host stop|start NAME, NAME one of ${hosts.map((h) => h.name).join(", ")}`);
+      Deno.exit(2);
+    }
+    if (action === "stop") await powerOffLabHost(LAB, host.name);
+    else await powerOnLabHost({ ...LAB, kvmMode: values["kvm-mode"] }, host);
+    console.log(`${host.name} (${host.address}): ${action === "stop" ? "powered off" : "up, sshd answers"}`);
+    break;
+  }
   case "fake-jumpstarter": {
     const client = await KubeClient.load(values.kubeconfig);
     const fake = startFakeJumpstarter(client);
@@ -475,6 +499,9 @@ switch (command) {
     break;
   }
   default:
-    console.error(`unknown command "${command}": use up [--hosts N] | down | status | demo | show | scale N | lease`);
+    console.error(
+      `unknown command "${command}": use up [--hosts N] | down | status | demo | show | scale N | lease | ` +
+        "host stop|start NAME",
+    );
     Deno.exit(2);
 }

@@ -115,6 +115,7 @@ export const CRDS: Crd[] = [
       { name: "Available", type: "integer", jsonPath: ".status.availableReplicas" },
       { name: "Unavailable", type: "integer", jsonPath: ".status.unavailableReplicas", priority: 1 },
       { name: "Leased", type: "integer", jsonPath: ".status.leasedReplicas" },
+      { name: "Hosts", type: "string", jsonPath: ".status.hostSummary" },
     ],
     scale: {
       specReplicasPath: ".spec.maxReplicas",

@@ -188,6 +188,17 @@ export const exporterSetStatusSchema = object({
     "x-kubernetes-list-type": "map",
     "x-kubernetes-list-map-keys": ["type"],
   })),
+  hosts: optional(array(
+    object({
+      name: string(),
+      instances: integer({ minimum: 0 }),
+      slots: optional(integer({ minimum: 0, description: "Absent: no bound of its own." })),
+      reachable: boolean(),
+      lastError: optional(string({ description: "Why it does not answer, while it does not." })),
+    }),
+    { description: "A pooled set's lab hosts (parameters.hosts) and the instances on each." },
+  )),
+  hostSummary: optional(string({ description: "status.hosts in one line: name instances/slots, for kubectl get." })),
 });
 export type ExporterSetStatus = Infer<typeof exporterSetStatusSchema>;
 

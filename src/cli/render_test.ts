@@ -110,8 +110,8 @@ Deno.test("render: parameter errors are printed one per line with object, field 
     assert.equal(r.out, "", "nothing is rendered");
     assert.deepEqual(r.err.split("\n"), [
       "VirtualTargetClass qemu-ssh-aarch64: spec.parameters.host.name: missing: set parameters.host.name (the lab " +
-      "host's DNS name or IP address) on the VirtualTargetClass qemu-ssh-aarch64 or on the ExporterSet " +
-      "aarch64-ssh-pool",
+      "host's DNS name or IP address) or parameters.hosts (a pool of them) on the VirtualTargetClass " +
+      "qemu-ssh-aarch64 or on the ExporterSet aarch64-ssh-pool",
       'ExporterSet aarch64-ssh-pool: spec.parameters.resources.cpu: expected an integer, got the string "4": write 4 ' +
       "without quotes",
     ]);

@@ -28,6 +28,8 @@ import type { HostOps } from "../host/lab.ts";
 import type { HostInspection } from "../host/remote.ts";
 import type { HostFacts } from "../host/host_facts.ts";
 import type { LabTarget } from "./credentials.ts";
+import type { Reach } from "./placement.ts";
+import { recordingReach } from "./host_reach.ts";
 
 /** The kinds reconciling reads from caches, by cache. */
 export interface Cached {
@@ -76,8 +78,11 @@ export interface Context {
   resyncMs: number;
   /** Per-process memory of what was applied, so an unchanged instance is not re-sent on every event. */
   applied: Map<string, AppliedState>;
-  /** Exporters created but not yet seen in the cache, per set uid (avoids double creation). */
-  expectations: Map<string, { names: Set<string>; until: number }>;
+  /**
+   * Exporters created but not yet seen in the cache, per set uid (avoids double creation), each with the target it
+   * was placed on (pooled sets), which counts against that host's slots meanwhile.
+   */
+  expectations: Map<string, { names: Map<string, string | undefined>; until: number }>;
   /** The status last written per set key ("ns/name"), for the set of that uid (see lastStatus). */
   statuses: Map<string, { uid: string; status: ExporterSetStatus }>;
   /** Per Exporter uid: how often its exporter was found down without its lease ending, and when to start it next. */
@@ -102,6 +107,8 @@ export interface Context {
    * until one pass there succeeds. In memory only.
    */
   leftOn: Map<string, LabTarget>;
+  /** Per lab host (placement.ts hostKey), since when its SSH commands go unanswered (host_reach.ts). */
+  hostReach: Map<string, Reach>;
 }
 
 export interface HostCheck {
@@ -123,10 +130,14 @@ export function newContext(
     | "knownTargets"
     | "leftOn"
     | "hostFacts"
+    | "hostReach"
   >,
 ): Context {
+  const hostReach = new Map<string, Reach>();
   return {
     ...deps,
+    hosts: recordingReach(deps.hosts, hostReach, deps.now),
+    hostReach,
     applied: new Map(),
     expectations: new Map(),
     statuses: new Map(),

@@ -17,7 +17,7 @@ import { HOST_ANNOTATION, RECLAIM_ANNOTATION, wasDeployed } from "./marks.ts";
 import { applyFailureReason, applyFailureText, errorText } from "./problems.ts";
 import type { Problem, Waits } from "./status.ts";
 import { withDefaults } from "./plan.ts";
-import { parseTarget, sameHost, TARGET_ANNOTATION, targetString } from "./targets.ts";
+import { type HostTarget, parseTarget, sameHost, TARGET_ANNOTATION, targetString } from "./targets.ts";
 import { annotate, replaceLeftBehind } from "./writes.ts";
 
 const DEFAULT_CA_CONFIGMAP = { name: "jumpstarter-service-ca-cert", key: "ca.crt" };
@@ -31,8 +31,8 @@ export type Outdated = { name: string } & Waits;
 interface Turn {
   rolling: boolean;
   outdated: Outdated[];
-  /** Exporters deployed for the first time, told in one event on the set. */
-  deployed: string[];
+  /** Exporters deployed for the first time, with their host, told in one event on the set. */
+  deployed: [string, string][];
 }
 
 /** What deployAll found: per Exporter uid the last known state, and what it could not do now. */
@@ -54,8 +54,7 @@ export async function deployAll(
   set: ExporterSet,
   cls: VirtualTargetClass,
   live: Exporter[],
-  params: InstanceParams,
-  target: LabTarget,
+  placeOf: (e: Exporter) => Pick<HostTarget, "params" | "target"> | undefined,
   problems: Problem[],
 ): Promise<Deployed> {
   const waiting = live.filter((e) => !e.status?.credential?.name || !e.status?.endpoint).map((e) => e.metadata.name!);
@@ -64,6 +63,10 @@ export async function deployAll(
   const { outdated } = turn;
   const results = await Promise.all(live.map(async (e) => {
     if (waiting.includes(e.metadata.name!)) return undefined;
+    const place = placeOf(e);
+    // leaving its host (placement.ts): it keeps its last known state
+    if (!place) return ctx.applied.get(e.metadata.uid!);
+    const { params, target } = place;
     try {
       return await deploy(ctx, set, cls, e, params, target, turn);
     } catch (err) {
@@ -89,12 +92,13 @@ export async function deployAll(
   for (const r of results) if (r?.failing) problems.push({ reason: "ExporterFailing", message: r.failing });
   // one event for the set, not one per instance: 4000 of them slowed 500 sets converging behind a busy API server
   if (turn.deployed.length) {
-    const names = turn.deployed.sort();
+    const names = turn.deployed.map(([n]) => n).sort();
+    const hosts = [...new Set(turn.deployed.map(([, h]) => h))].sort();
     ctx.recorder.event(
       set,
       "Normal",
       "Deployed",
-      `deployed ${names.join(", ")} to ${target.host} (units <name>-runtime and <name>-exporter)`,
+      `deployed ${names.join(", ")} to ${hosts.join(", ")} (units <name>-runtime and <name>-exporter)`,
     );
   }
   return { states: new Map(live.map((e, i) => [e.metadata.uid!, results[i]])), waiting, unseen, outdated };
@@ -191,7 +195,7 @@ async function deploy(
   if (report.facts) ctx.hostFacts.set(facts, report.facts);
   ctx.metrics.deploySeconds.observe({ host: target.host }, (performance.now() - started) / 1000);
   if (report.errors.length) throw new DeployError(applyFailureText(target.host, report.errors), report.errorCode);
-  if (report.changed.length && !last) turn.deployed.push(name);
+  if (report.changed.length && !last) turn.deployed.push([name, target.host]);
   else if (report.changed.length) {
     ctx.recorder.event(e, "Normal", "Updated", `updated on ${target.host}: ${report.changed.join(", ")}`);
   }

@@ -42,6 +42,8 @@ export interface Chosen {
   /** Whether the set writes the field at all: only a set's own value can break the class's rule. */
   bySet: (path: string[]) => boolean;
   host: { set?: string; cls?: string };
+  /** `parameters.hosts` as JSON, in effect and on the class alone; with the user and port each entry gives. */
+  hosts: { set?: string; cls?: string; entries: { user?: unknown; port?: unknown }[] };
   user: { set: string; cls: string };
   port: { set: number; cls: number };
   /** Host sides ("/dev/x" of "/dev/x:/dev/y") of the set's devices, and of the class's own. */
@@ -83,6 +85,31 @@ export function overrideErrors(cls: VirtualTargetClass, set: string, c: Chosen):
         (c.host.cls ? `; its host is ${c.host.cls}` : "") +
         ": remove host.name from the set, or ask the lab admin to allow it on the class",
     );
+  }
+  if (!policy.host && c.bySet(["hosts"]) && c.hosts.set !== c.hosts.cls) {
+    refuse(
+      ["hosts"],
+      `${rule} does not let its sets choose the host (spec.setOverrides.host is false), and a pool of hosts is a ` +
+        "choice of hosts: remove hosts from the set, or ask the lab admin to allow it on the class",
+    );
+  }
+  if (c.bySet(["hosts"]) && c.hosts.set !== c.hosts.cls) {
+    c.hosts.entries.forEach((h, i) => {
+      if (!policy.user && h.user !== undefined && h.user !== c.user.cls) {
+        refuse(
+          [`hosts[${i}]`, "user"],
+          `${rule} does not let its sets choose the SSH user (spec.setOverrides.user is false); it logs in as ` +
+            `${c.user.cls}: remove user from this host, or ask the lab admin to allow it on the class`,
+        );
+      }
+      if (!policy.port && h.port !== undefined && h.port !== c.port.cls) {
+        refuse(
+          [`hosts[${i}]`, "port"],
+          `${rule} does not let its sets choose the SSH port (spec.setOverrides.port is false); it uses port ` +
+            `${c.port.cls}: remove port from this host, or ask the lab admin to allow it on the class`,
+        );
+      }
+    });
   }
   const userPaths = [["host", "user"], ["ssh", "user"]];
   if (!policy.user && userPaths.some(c.bySet) && c.user.set !== c.user.cls) {

@@ -19,6 +19,7 @@ import {
   quantityBytes,
 } from "../host/instance_params.ts";
 import { overrideErrors } from "./overrides.ts";
+import { parseDuration } from "./plan.ts";
 
 export interface FieldError {
   object: "VirtualTargetClass" | "ExporterSet";
@@ -32,8 +33,30 @@ export interface FieldError {
 /** One line per error, as status messages, events and the CLI show them. */
 export const fieldErrorLine = (e: FieldError) => `${e.object} ${e.name}: ${e.field}: ${e.message}`;
 
+/** One lab host of the set's pool, with the overrides of its `parameters.hosts` entry applied. */
+export interface PoolHost {
+  name: string;
+  user: string;
+  port: number;
+  /** Instances of the set it takes at most; undefined: no bound of its own (host.name, or no slots given). */
+  slots?: number;
+  arch?: string;
+}
+
+/** Where the set's instances may go: one host (host.name) or a pool (hosts), and when a silent host is failed over. */
+export interface Placement {
+  hosts: PoolHost[];
+  /** From parameters.hosts: instances are placed per host and failed over; host.name keeps one host as before. */
+  pooled: boolean;
+  failoverMs: number;
+}
+
+export const DEFAULT_HOST_FAILURE_TIMEOUT = "2m";
+const MAX_SLOTS = 1024;
+const MAX_POOL = 256;
+
 export type ResolveResult =
-  | { ok: true; params: InstanceParams; warnings: string[] }
+  | { ok: true; params: InstanceParams; placement: Placement; warnings: string[] }
   | { ok: false; errors: FieldError[] };
 
 export const DEFAULT_IMAGES = {
@@ -95,6 +118,8 @@ const MAX_DEVICES = 64;
 const KNOWN: Record<string, Record<string, true> | true> = {
   ssh: { user: true, port: true, hostKeyPolicy: true },
   host: { name: true, user: true, port: true },
+  hosts: true,
+  hostFailureTimeout: true,
   runtime: { kvm: true, devices: true, host_network: true },
   arch: true,
   resources: { cpu: true, memory: true },
@@ -188,12 +213,22 @@ export function resolveParams(cls: VirtualTargetClass, set: ExporterSet): Resolv
 
   // host: where the instances run and how to log in
   const hostName = str(["host", "name"], checkHostName);
-  if (get(["host", "name"]) === undefined && (merged.host === undefined || isMap(merged.host))) {
+  const hostsGiven = get(["hosts"]) !== undefined;
+  if (hostsGiven && get(["host", "name"]) !== undefined) {
+    const [a, b] = [origin(["host", "name"]), origin(["hosts"])];
+    errors.push({
+      ...b,
+      field: "spec.parameters.hosts",
+      message: `give either host.name (one lab host) or hosts (a pool), not both: host.name comes from ` +
+        `${describe(a)} and hosts from ${describe(b)}; remove one of them`,
+    });
+  }
+  if (!hostsGiven && get(["host", "name"]) === undefined && (merged.host === undefined || isMap(merged.host))) {
     errors.push({
       ...clsRef,
       field: "spec.parameters.host.name",
-      message: "missing: set parameters.host.name (the lab host's DNS name or IP address) on the " +
-        `VirtualTargetClass ${clsRef.name} or on the ExporterSet ${setRef.name}`,
+      message: "missing: set parameters.host.name (the lab host's DNS name or IP address) or parameters.hosts " +
+        `(a pool of them) on the VirtualTargetClass ${clsRef.name} or on the ExporterSet ${setRef.name}`,
     });
   }
   const userCheck = (s: string) =>
@@ -233,6 +268,11 @@ export function resolveParams(cls: VirtualTargetClass, set: ExporterSet): Resolv
   errors.push(...overrideErrors(cls, setRef.name, {
     bySet,
     host: { set: hostName, cls: asString(clsGet(["host", "name"])) },
+    hosts: {
+      set: JSON.stringify(get(["hosts"])),
+      cls: JSON.stringify(clsGet(["hosts"])),
+      entries: (Array.isArray(get(["hosts"])) ? get(["hosts"]) as unknown[] : []).map((h) => isMap(h) ? h : {}),
+    },
     user: {
       set: user,
       cls: asString(clsGet(["host", "user"])) ?? asString(clsGet(["ssh", "user"])) ?? "root",
@@ -253,6 +293,8 @@ export function resolveParams(cls: VirtualTargetClass, set: ExporterSet): Resolv
         ? undefined
         : `${JSON.stringify(s)} is not a known QEMU architecture: use one of ${KNOWN_ARCHES.join(", ")}`,
   );
+  const pool = checkPool(get(["hosts"]), { user, port }, (m, suffix) => fail(["hosts"], m, suffix), userCheck);
+  const failoverText = str(["hostFailureTimeout"], checkFailureTimeout) ?? DEFAULT_HOST_FAILURE_TIMEOUT;
   const cpu = int(["resources", "cpu"], 1, 1024);
   const memory = str(["resources", "memory"], (s) => checkQuantity(s, MAX_MEMORY, "4Ti"));
   const storage = str(["storage", "size"], (s) => checkQuantity(s, MAX_STORAGE, "64Ti"));
@@ -264,9 +306,11 @@ export function resolveParams(cls: VirtualTargetClass, set: ExporterSet): Resolv
   };
   checkDrivers(set.spec.template?.spec?.drivers, setRef, errors, warnings);
 
-  if (errors.length > 0 || hostName === undefined) return { ok: false, errors };
+  const hosts = pool ?? (hostName === undefined ? undefined : [{ name: hostName, user, port }]);
+  if (errors.length > 0 || hosts === undefined) return { ok: false, errors };
+  const [first] = hosts;
   const params: InstanceParams = {
-    host: { name: hostName, user, port },
+    host: { name: first.name, user: first.user, port: first.port },
     runtime: { kvm, devices },
     diskBytes: diskVolumeBytes(storage ?? DEFAULT_STORAGE_SIZE, overhead ?? DEFAULT_FS_OVERHEAD),
     images,
@@ -276,7 +320,8 @@ export function resolveParams(cls: VirtualTargetClass, set: ExporterSet): Resolv
   if (cpu !== undefined) params.cpu = cpu;
   if (memory) params.memory = memory;
   if (storage) params.storage = storage;
-  return { ok: true, params, warnings };
+  const placement = { hosts, pooled: pool !== undefined, failoverMs: parseDuration(failoverText) };
+  return { ok: true, params, placement, warnings };
 }
 
 function valueAt(root: unknown, path: string[]): unknown {
@@ -315,6 +360,78 @@ function checkHostName(s: string): string | undefined {
   if (s.length <= 253 && DNS_NAME_RE.test(s) && !/^[0-9.]+$/.test(s)) return undefined;
   return `${JSON.stringify(s)} is not a DNS name or an IP address: use a host name like lab-host-01.example.com, ` +
     "an IPv4 address like 10.0.0.5 or an IPv6 address like fd00::5 (no port, user or brackets)";
+}
+
+/** `parameters.hosts`: a non-empty list of {name, user?, port?, slots?, arch?}, each host:port once. */
+function checkPool(
+  v: unknown,
+  defaults: { user: string; port: number },
+  fail: (message: string, suffix?: string) => void,
+  userCheck: (s: string) => string | undefined,
+): PoolHost[] | undefined {
+  if (v === undefined) return undefined;
+  const example = `e.g. [{name: lab-a.example.com, slots: 4}, {name: lab-b.example.com, port: 2222}]`;
+  if (!Array.isArray(v) || v.length === 0) {
+    fail(`expected a non-empty list of hosts, ${example}; got ${Array.isArray(v) ? "an empty list" : typeName(v)}`);
+    return undefined;
+  }
+  if (v.length > MAX_POOL) fail(`${v.length} hosts is more than the maximum of ${MAX_POOL}`);
+  const keys = ["name", "user", "port", "slots", "arch"];
+  const out: PoolHost[] = [];
+  let bad = false;
+  v.forEach((h, i) => {
+    const at = (k: string) => `[${i}].${k}`;
+    const problem = (message: string, suffix: string) => {
+      bad = true;
+      fail(message, suffix);
+    };
+    if (!isMap(h)) return problem(`expected a map with the keys ${keys.join(", ")}; got ${typeName(h)}`, `[${i}]`);
+    for (const k of Object.keys(h)) {
+      if (!keys.includes(k)) problem(`${JSON.stringify(k)} is not a key of a pool host: use ${keys.join(", ")}`, at(k));
+    }
+    const name = typeof h.name === "string" ? h.name : undefined;
+    const nameProblem = name === undefined
+      ? `missing or not a string: give the lab host's DNS name or IP address`
+      : checkHostName(name);
+    if (nameProblem) problem(nameProblem, at("name"));
+    const user = h.user === undefined ? defaults.user : h.user;
+    const userProblem = typeof user === "string" ? userCheck(user) : `expected a string, got ${typeName(user)}`;
+    if (userProblem) problem(userProblem, at("user"));
+    const intIn = (k: string, min: number, max: number) => {
+      const n = h[k];
+      if (n === undefined || (Number.isInteger(n) && (n as number) >= min && (n as number) <= max)) return;
+      problem(`expected an integer from ${min} to ${max}, got ${typeName(n)} ${JSON.stringify(n)}`, at(k));
+    };
+    intIn("port", 1, 65535);
+    intIn("slots", 1, MAX_SLOTS);
+    if (h.arch !== undefined && !(KNOWN_ARCHES as readonly unknown[]).includes(h.arch)) {
+      problem(
+        `${JSON.stringify(h.arch)} is not a known QEMU architecture: use one of ${KNOWN_ARCHES.join(", ")}`,
+        at("arch"),
+      );
+    }
+    if (bad) return;
+    const host: PoolHost = { name: name!, user: user as string, port: (h.port as number) ?? defaults.port };
+    if (h.slots !== undefined) host.slots = h.slots as number;
+    if (h.arch !== undefined) host.arch = h.arch as string;
+    const twin = out.findIndex((o) => o.port === host.port && o.name.toLowerCase() === host.name.toLowerCase());
+    if (twin >= 0) {
+      problem(`${host.name}:${host.port} is already in the pool at [${twin}]: list each host once`, `[${i}]`);
+    }
+    out.push(host);
+  });
+  return bad ? undefined : out;
+}
+
+function checkFailureTimeout(s: string): string | undefined {
+  let ms: number;
+  try {
+    ms = parseDuration(s);
+  } catch {
+    return `${JSON.stringify(s)} is not a duration: use a Go duration like "2m", "90s" or "1m30s"`;
+  }
+  if (ms < 1_000) return `${JSON.stringify(s)} is less than 1s: a host is failed over after this much silence`;
+  return undefined;
 }
 
 function checkQuantity(s: string, max: number, maxText: string): string | undefined {

@@ -269,7 +269,7 @@ Deno.test("unknown keys are warnings naming the object and path, with a suggesti
     "ExporterSet aarch64-ssh-pool: spec.parameters.resources.memroy is not a known parameter and is ignored " +
     "(did you mean resources.memory?)",
     "ExporterSet aarch64-ssh-pool: spec.parameters.colour is not a known parameter and is ignored " +
-    "(known here: ssh, host, runtime, arch, resources, storage)",
+    "(known here: ssh, host, hosts, hostFailureTimeout, runtime, arch, resources, storage)",
   ]);
   assert.equal(r.params.host.name, "lab-host-01.example.com", "the typo did not replace the class's host");
 
@@ -409,4 +409,81 @@ Deno.test("a set can only make host-key checking stricter", () => {
   const r = resolveParams(tofu, loosen);
   assert.ok(r.ok);
   assert.equal(r.params.hostKeyPolicy, "AcceptNew");
+});
+
+// ---------------------------------------------------------------- a pool of hosts (parameters.hosts)
+
+function poolClass(hosts: unknown, more: Record<string, unknown> = {}): VirtualTargetClass {
+  const { host: _host, ...rest } = seedClass().spec.parameters!;
+  return withParams(seedClass(), { ...rest, hosts, ...more });
+}
+
+Deno.test("hosts: each host with its overrides, the rest from host and ssh; hostFailureTimeout defaults to 2m", () => {
+  const cls = poolClass([{ name: "lab-a", slots: 2 }, { name: "lab-b", port: 2222, user: "ops", arch: "x86_64" }]);
+  const r = resolveParams(cls, seedSet());
+  assert.ok(r.ok, JSON.stringify(r));
+  assert.deepEqual(r.placement, {
+    pooled: true,
+    failoverMs: 120_000,
+    hosts: [
+      { name: "lab-a", user: "root", port: 22, slots: 2 },
+      { name: "lab-b", user: "ops", port: 2222, arch: "x86_64" },
+    ],
+  });
+  assert.deepEqual(r.params.host, { name: "lab-a", user: "root", port: 22 });
+  const one = resolveParams(seedClass(), seedSet());
+  assert.ok(one.ok && !one.placement.pooled && one.placement.hosts.length === 1, "host.name alone: one host");
+});
+
+Deno.test("hosts: bad entries, duplicates, both host.name and hosts, bad hostFailureTimeout name the field", () => {
+  const cases: [VirtualTargetClass, ExporterSet, string, RegExp][] = [
+    [poolClass([]), seedSet(), "spec.parameters.hosts", /non-empty list/],
+    [poolClass("lab-a"), seedSet(), "spec.parameters.hosts", /non-empty list of hosts.*got string/],
+    [poolClass([{ name: "lab a" }]), seedSet(), "spec.parameters.hosts[0].name", /not a DNS name/],
+    [poolClass([{ name: "a", slots: 0 }]), seedSet(), "spec.parameters.hosts[0].slots", /integer from 1 to 1024/],
+    [poolClass([{ name: "a", port: "22" }]), seedSet(), "spec.parameters.hosts[0].port", /integer from 1 to 65535/],
+    [poolClass([{ name: "a", arch: "z80" }]), seedSet(), "spec.parameters.hosts[0].arch", /not a known QEMU arch/],
+    [poolClass([{ name: "a", slot: 2 }]), seedSet(), "spec.parameters.hosts[0].slot", /not a key of a pool host/],
+    [poolClass([{ name: "a" }, { name: "A" }]), seedSet(), "spec.parameters.hosts[1]", /already in the pool at \[0\]/],
+    [
+      seedClass(),
+      withParams(seedSet(), { hosts: [{ name: "a" }] }),
+      "spec.parameters.hosts",
+      /either host\.name .* or hosts .*host\.name comes from VirtualTargetClass/,
+    ],
+    [
+      poolClass([{ name: "a" }], { hostFailureTimeout: "2 minutes" }),
+      seedSet(),
+      "spec.parameters.hostFailureTimeout",
+      /not a duration/,
+    ],
+    [
+      poolClass([{ name: "a" }], { hostFailureTimeout: "10ms" }),
+      seedSet(),
+      "spec.parameters.hostFailureTimeout",
+      /less than 1s/,
+    ],
+  ];
+  for (const [cls, set, field, message] of cases) {
+    const errors = errorsOf(cls, set);
+    const e = errors.find((x) => x.field === field);
+    assert.ok(e, `${field}: ${JSON.stringify(errors)}`);
+    assert.match(e.message, message);
+  }
+  const set = withParams(seedSet(), { hostFailureTimeout: "20s" });
+  const r = resolveParams(poolClass([{ name: "a" }]), set);
+  assert.ok(r.ok && r.placement.failoverMs === 20_000, "a set may choose its own timeout");
+});
+
+Deno.test("hosts: a set gives a pool only where the class lets it choose its host; user and port as for host", () => {
+  const { host: _h, ...rest } = seedClass().spec.parameters!;
+  const bare = withParams(seedClass(), rest);
+  const set = withParams(seedSet(), { hosts: [{ name: "a" }, { name: "b", user: "ops", port: 2222 }] });
+  const closed = errorsOf(allowing(bare, { host: false }), set);
+  assert.match(closed.find((e) => e.field === "spec.parameters.hosts")?.message ?? "", /setOverrides\.host is false/);
+  const open = errorsOf(bare, set);
+  assert.deepEqual(open.map((e) => e.field).sort(), ["spec.parameters.hosts[1].port", "spec.parameters.hosts[1].user"]);
+  assert.ok(resolveParams(allowing(bare, { user: true, port: true }), set).ok);
+  // the class's own pool, restated by nobody: no override
+  assert.ok(resolveParams(allowing(poolClass([{ name: "a", user: "ops" }]), { host: false }), seedSet()).ok);
 });

@@ -324,7 +324,11 @@ Deno.test("reconcile: creates go in slow-start batches, stop at a failure, bound
   assert.equal(calls, 3, "batch of 1, then a batch of 2 with the failure: no further batch");
   assert.equal(w.exporters().length, 2);
   const expected = w.ctx.expectations.get(w.set.metadata.uid!)?.names;
-  assert.deepEqual([...expected ?? []].sort(), w.exporters().map((e) => e.metadata.name).sort(), "both expected");
+  assert.deepEqual(
+    [...expected?.keys() ?? []].sort(),
+    w.exporters().map((e) => e.metadata.name).sort(),
+    "both expected",
+  );
   assert.ok(w.reasons().includes("CreatedExporters"));
   await w.reconcile();
   assert.equal(w.exporters().length, 2 + MAX_CREATES, "at most MAX_CREATES a reconcile");
@@ -1086,4 +1090,120 @@ Deno.test("reconcile: our own keys in the set's template are left out of the Exp
   assert.equal(e.metadata.annotations?.[TARGET_ANNOTATION], `root@${HOST}:22`, "where it really is");
   assert.ok(!w.reasons().includes("Moved") && !w.reasons().includes("MoveBlocked"));
   assert.ok(w.reasons().includes("ReservedKeysIgnored"));
+});
+
+// ---------------------------------------------------------------- a pool of hosts
+
+/** A set over a pool of three hosts with slots 2, 2 and 4 and a 20 s hostFailureTimeout. */
+function poolWorld(spec: Partial<ExporterSetSpec> = {}): World {
+  const w = new World({ minAvailableReplicas: 6, maxReplicas: 8, ...spec });
+  const cls = w.ctx.caches.classes.get(NS, "qemu")!;
+  w.kube.put<VirtualTargetClass>(VIRTUAL_TARGET_CLASSES, {
+    ...cls,
+    spec: {
+      ...cls.spec,
+      parameters: {
+        hosts: [{ name: "pa", slots: 2 }, { name: "pb", slots: 2 }, { name: "pc", slots: 4 }],
+        hostFailureTimeout: "20s",
+        runtime: { kvm: true },
+      },
+    },
+  });
+  return w;
+}
+
+const onHost = (w: World) => {
+  const per: Record<string, number> = {};
+  for (const e of w.exporters().filter((x) => !x.metadata.deletionTimestamp)) {
+    const h = /@(.+):/.exec(e.metadata.annotations?.[TARGET_ANNOTATION] ?? "")?.[1] ?? "none";
+    per[h] = (per[h] ?? 0) + 1;
+  }
+  return per;
+};
+
+Deno.test("reconcile, pool: new Exporters go to the host with the most free slots, recorded at creation", async () => {
+  const w = poolWorld();
+  await w.reconcile();
+  assert.deepEqual(onHost(w), { pa: 2, pb: 1, pc: 3 });
+  for (const e of w.exporters()) w.issueCredentials(e);
+  await w.reconcile();
+  for (const e of w.exporters()) {
+    const h = /@(.+):/.exec(e.metadata.annotations![TARGET_ANNOTATION])![1];
+    assert.equal(w.hosts.instance(h, e.metadata.name!)?.exporter, "active", `${e.metadata.name} runs on ${h}`);
+  }
+  const s = w.set.status!;
+  assert.deepEqual(s.hosts!.map((h) => [h.name, h.instances, h.slots, h.reachable]), [
+    ["pa", 2, 2, true],
+    ["pb", 1, 2, true],
+    ["pc", 3, 4, true],
+  ]);
+  assert.equal(s.hostSummary, "pa 2/2, pb 1/2, pc 3/4");
+});
+
+Deno.test("reconcile, pool: slots full is ScalingLimited naming the hosts", async () => {
+  const w = poolWorld({ minAvailableReplicas: 10, maxReplicas: 12 });
+  await w.reconcile();
+  assert.equal(w.exporters().length, 8, "never above the hosts' slots");
+  const c = condition(w.set, "ScalingLimited")!;
+  assert.equal(c.reason, "HostSlotsFull");
+  assert.match(c.message ?? "", /2 more exporters wanted.*pa 2\/2, pb 2\/2, pc 4\/4/);
+});
+
+Deno.test("reconcile, pool: a host silent past hostFailureTimeout loses its idle instances, not its leased one", async () => {
+  const w = poolWorld();
+  await w.deployed();
+  const onPa = w.exporters().filter((e) => e.metadata.annotations![TARGET_ANNOTATION].includes("@pa:"));
+  const [leased, idle] = onPa.map((e) => e.metadata.name!);
+  w.patchExporterStatus(leased, { leaseRef: { name: "l1" } });
+  w.hosts.down.add("pa");
+  // an inspection is due once per resync
+  w.advance(w.ctx.resyncMs);
+  await w.reconcile();
+  assert.ok(w.ctx.hostReach.has("pa:22"), "pa is seen failing");
+  assert.equal(w.set.status!.hosts![0].reachable, false);
+  w.advance(19_000);
+  await w.reconcile();
+  assert.equal(w.exporter(idle)!.spec!.enabled, true, "not before the timeout");
+  w.advance(1_000);
+  const out = await w.reconcile();
+  assert.equal(w.exporter(idle)!.spec!.enabled, false, "drained at the timeout");
+  assert.equal(w.exporter(leased)!.spec!.enabled, true, "the leased one stays");
+  assert.ok(out.requeueAfterMs !== undefined);
+  await w.reconcile();
+  assert.ok(!w.exporter(idle) || w.exporter(idle)!.metadata.deletionTimestamp, "then deleted");
+  const per = onHost(w);
+  assert.equal(per.pa, 1, "only the leased one is left on pa");
+  assert.equal((per.pb ?? 0) + (per.pc ?? 0), 6, "its replacement went to a host with room");
+  for (const e of w.exporters().filter((x) => !x.status?.credential)) w.issueCredentials(e);
+  await w.reconcile();
+  assert.match(condition(w.set, "Progressing")!.message ?? "", new RegExp(`${leased}: stays on pa`));
+  // pa back: nothing moves back
+  w.hosts.down.delete("pa");
+  w.advance(w.ctx.resyncMs);
+  await w.reconcile();
+  await w.reconcile();
+  assert.ok(!w.ctx.hostReach.has("pa:22"), "pa answers again");
+  assert.equal(onHost(w).pa, 1, "nothing moved back");
+});
+
+Deno.test("reconcile, pool: a host taken out of the list loses its idle instances at once; a leased one waits", async () => {
+  const w = poolWorld();
+  await w.deployed();
+  const onPc = w.exporters().filter((e) => e.metadata.annotations![TARGET_ANNOTATION].includes("@pc:"));
+  const leased = onPc[0].metadata.name!;
+  w.patchExporterStatus(leased, { leaseRef: { name: "l1" } });
+  const cls = w.ctx.caches.classes.get(NS, "qemu")!;
+  w.kube.put<VirtualTargetClass>(VIRTUAL_TARGET_CLASSES, {
+    ...cls,
+    spec: { ...cls.spec, parameters: { ...cls.spec.parameters, hosts: [{ name: "pa" }, { name: "pb" }] } },
+  });
+  await w.reconcile();
+  for (const e of onPc.slice(1)) assert.equal(w.exporter(e.metadata.name!)!.spec!.enabled, false, "drained");
+  await w.reconcile();
+  assert.deepEqual(onHost(w), { pa: 3, pb: 3, pc: 1 }, "the idle ones replaced on the pool's hosts");
+  assert.equal(w.set.status!.hosts!.find((h) => h.name === "pc")?.instances, 1, "the host left is still shown");
+  w.patchExporterStatus(leased, { leaseRef: undefined });
+  await w.reconcile();
+  await w.reconcile();
+  assert.equal(onHost(w).pc, undefined, "once its lease is over, the last one leaves too");
 });

@@ -11,13 +11,15 @@ import type { InstanceParams } from "../host/instance_params.ts";
 import type { LabTarget } from "./credentials.ts";
 import type { AppliedState, Context } from "./context.ts";
 import { deployAll, type Deployed, fastCheckInMs, ROLL_NEXT_MS } from "./deploy.ts";
-import { type DemandTaker, isLeased, leaseState, onlineReport, pendingDemand } from "./leases.ts";
+import { type DemandTaker, isLeased, leaseHolding, leaseState, onlineReport, pendingDemand } from "./leases.ts";
 import { routedSetName, SET_LABEL, setOwner, templateMarks, wasDeployed } from "./marks.ts";
-import { fieldErrorLine } from "./params.ts";
+import { fieldErrorLine, type Placement } from "./params.ts";
+import { poolPlan } from "./pool.ts";
+import { inspectHost } from "./host_checks.ts";
 import { demandRoom, type ExporterView, plan, selectorString, withDefaults } from "./plan.ts";
 import { retryAfterMs } from "./problems.ts";
 import { computeStatus, type ExporterState, type Problem, type StatusInput } from "./status.ts";
-import { cachedSetTarget, targetString } from "./targets.ts";
+import { cachedSetTarget, type HostTarget, targetString } from "./targets.ts";
 import { finalizeAll, orphaned } from "./teardown.ts";
 import { rememberTarget } from "./known_targets.ts";
 import { act, lastStatus, pendingCreates, writeStatus } from "./writes.ts";
@@ -44,7 +46,7 @@ export async function reconcile(ctx: Context, key: string): Promise<Outcome> {
   const cls = ctx.caches.classes.get(ns, set.spec.virtualTargetClassName);
   if (cls && cls.spec.provisioner !== ctx.provisioner) return orphanOutcome; // another provisioner's set
   const old = lastStatus(ctx, key, set);
-  const { params, target, problems } = cls ? configuration(ctx, set, cls) : { problems: [] as Problem[] };
+  const { params, target, pooled, problems } = cls ? configuration(ctx, set, cls) : { problems: [] as Problem[] };
   // 1. Exporters being deleted: tear down on the host first (all at once), then let them go. Also without the class
   // or its Secret: the teardown tries the credentials remembered for the host.
   const live = owned.filter((e) => !e.metadata.deletionTimestamp);
@@ -67,23 +69,44 @@ export async function reconcile(ctx: Context, key: string): Promise<Outcome> {
     const requeueAfterMs = Math.min(orphanOutcome.requeueAfterMs ?? Infinity, teardown.requeueAfterMs ?? Infinity);
     return requeueAfterMs === Infinity ? {} : { requeueAfterMs };
   }
-  // 2. Deploy or refresh what has credentials.
+  // 2. Deploy or refresh what has credentials: on the set's host, or on each one's host of the pool.
+  const pending = pendingCreates(ctx, set, live);
+  const leases = ctx.caches.leases.list(ns);
+  const pool = pooled && poolPlan({
+    ...pooled,
+    live,
+    leased: (e) => leaseHolding(e, leases),
+    pending,
+    reach: ctx.hostReach,
+    now: ctx.now().getTime(),
+  });
+  if (pool) problems.push(...pool.unreachable);
+  // a pool host that no deploy reaches now (its instances moved away) is still asked, so its return is seen
+  const probes = pool && pooled ? probeSilent(ctx, pooled.hosts, live, pool.placeOf) : Promise.resolve();
+  const placeOf = pool ? pool.placeOf : params && target ? () => ({ params, target }) : undefined;
   // with no target, what was deployed cannot be looked at
-  const { states, waiting, unseen, outdated }: Deployed = params && target
-    ? await deployAll(ctx, set, cls, live, params, target, problems)
+  const { states, waiting, unseen, outdated }: Deployed = placeOf
+    ? await deployAll(ctx, set, cls, live, placeOf, problems)
     : {
       states: new Map(),
       waiting: [],
       unseen: live.filter(wasDeployed).map((e) => e.metadata.name!),
       outdated: [],
     };
+  await probes;
+  if (pool) outdated.push(...pool.held.filter((h) => !outdated.some((o) => o.name === h.name)));
   // 3. Plan and act.
+  const evict = new Set(pool ? pool.failover.evict : []);
   const views = exporterViews(ctx, ns, live);
-  const pending = pendingCreates(ctx, set, live);
   const waitForFirstConsumer = cls.spec.bindingMode === "WaitForFirstConsumer";
   const p = plan({
     spec: set.spec,
-    exporters: [...views, ...pending.map(pendingView)],
+    // instances leaving their host are out of the count: the plan replaces them
+    exporters: [
+      ...views.map((v) => evict.has(v.name) ? { ...v, deleting: true } : v),
+      ...pending.map((x) => x.name)
+        .map(pendingView),
+    ],
     pendingDemand: waitForFirstConsumer ? pendingDemand(set, demandTakers(ctx, ns), ctx.caches.leases.list(ns)) : 0,
     waitForFirstConsumer,
     surplusSince: old?.surplusSince,
@@ -92,7 +115,16 @@ export async function reconcile(ctx: Context, key: string): Promise<Outcome> {
   // nothing can be deployed until the configuration is fixed; under foreground deletion the garbage collector is
   // deleting them
   if (!params || !target || set.metadata.deletionTimestamp) p.create = 0;
-  await act(ctx, set, p, target && targetString(target));
+  for (const v of views) {
+    if (!evict.has(v.name)) continue;
+    // drained first, so no lease lands on it; deleted once the drain is seen (the finalizer removes it from its host)
+    if (v.enabled) p.drain.push(v.name);
+    else if (!v.leased) p.delete.push(v.name);
+  }
+  const places = pool ? pool.placeNew(p.create) : target ? Array(p.create).fill(targetString(target)) : [];
+  const short = pool ? p.create - places.length : 0;
+  if (pool) p.create = places.length;
+  await act(ctx, set, p, places);
   // 4. Status.
   const exporterStates: ExporterState[] = live.map((e, i) => ({
     name: e.metadata.name!,
@@ -117,6 +149,7 @@ export async function reconcile(ctx: Context, key: string): Promise<Outcome> {
       waitingForCredentials: waiting,
       problems,
       surplusSince: p.surplusSince,
+      ...pool ? { hosts: pool.rows(places), slotsShort: short } : {},
     }),
   );
   return {
@@ -128,6 +161,8 @@ export async function reconcile(ctx: Context, key: string): Promise<Outcome> {
       backoffEndsInMs(ctx, live, states),
       fastCheckInMs(ctx, live),
       outdated.some((o) => !o.lease) ? ROLL_NEXT_MS : Infinity,
+      // a host's failover is due then
+      pool ? pool.failover.nextInMs ?? Infinity : Infinity,
     ),
   };
 }
@@ -164,12 +199,20 @@ function statusBasics(ctx: Context, set: ExporterSet, old: ExporterSetStatus | u
   };
 }
 
-/** The instance parameters and SSH target of the set, or the problems that keep it from having them. */
+/**
+ * The instance parameters and SSH target of the set (of its first host), and its pool when it has one, or the
+ * problems that keep it from having them.
+ */
 function configuration(
   ctx: Context,
   set: ExporterSet,
   cls: VirtualTargetClass,
-): { params?: InstanceParams; target?: LabTarget; problems: Problem[] } {
+): {
+  params?: InstanceParams;
+  target?: LabTarget;
+  pooled?: { hosts: HostTarget[]; placement: Placement };
+  problems: Problem[];
+} {
   const resolved = cachedSetTarget(ctx.caches, cls, set);
   if (!resolved.ok && resolved.stage === "parameters") {
     const message = resolved.errors.map(fieldErrorLine).join("; ");
@@ -181,8 +224,27 @@ function configuration(
     ctx.recorder.event(set, "Warning", resolved.problem.reason, resolved.problem.message);
     return { params: resolved.params, problems: [resolved.problem] };
   }
-  rememberTarget(ctx.knownTargets, resolved.target);
-  return { params: resolved.params, target: resolved.target, problems: [] };
+  for (const h of resolved.hosts) rememberTarget(ctx.knownTargets, h.target);
+  const { placement, hosts } = resolved;
+  return {
+    params: resolved.params,
+    target: resolved.target,
+    ...placement.pooled ? { pooled: { hosts, placement } } : {},
+    problems: [],
+  };
+}
+
+/** Inspects each pool host that fails and that no instance of the set is deployed to now (host_reach.ts records it). */
+async function probeSilent(
+  ctx: Context,
+  hosts: HostTarget[],
+  live: Exporter[],
+  placeOf: (e: Exporter) => HostTarget | undefined,
+): Promise<void> {
+  const used = new Set(live.map((e) => placeOf(e)?.key));
+  const silent = hosts.filter((h) => ctx.hostReach.has(h.key) && !used.has(h.key));
+  const since = ctx.now().getTime() - ctx.resyncMs;
+  await Promise.allSettled(silent.map((h) => inspectHost(ctx, h.target, since).inspection));
 }
 
 /**

@@ -3,6 +3,7 @@
  * person can act on. Pure; `lastTransitionTime` moves only when a condition's status flips.
  */
 import type { Condition, ExporterSetStatus } from "../api/types.ts";
+import { type HostRow, hostSummary, slotsFullMessage } from "./placement.ts";
 
 export interface ExporterState {
   name: string;
@@ -48,6 +49,9 @@ export interface StatusInput {
   problems: Problem[];
   classMissing?: string;
   surplusSince?: string;
+  /** A pooled set's hosts (parameters.hosts), and how many wanted instances found no free slot. */
+  hosts?: HostRow[];
+  slotsShort?: number;
 }
 
 export function computeStatus(i: StatusInput): ExporterSetStatus {
@@ -74,6 +78,7 @@ export function computeStatus(i: StatusInput): ExporterSetStatus {
     exportersOffline: offline.length,
     selector: i.selector,
     ...(i.surplusSince ? { surplusSince: i.surplusSince } : {}),
+    ...(i.hosts ? { hosts: i.hosts, hostSummary: hostSummary(i.hosts) } : {}),
   };
   const conds: Omit<Condition, "lastTransitionTime">[] = [];
   const c = (type: string, ok: boolean | "Unknown", reason: string, message: string) =>
@@ -172,6 +177,8 @@ export function computeStatus(i: StatusInput): ExporterSetStatus {
       `${i.wanted} exporters wanted, capped at maxReplicas ${i.maxReplicas}: raise maxReplicas or add an ` +
         "ExporterSet for another host",
     );
+  } else if (i.hosts && i.slotsShort) {
+    c("ScalingLimited", true, "HostSlotsFull", slotsFullMessage(i.hosts, i.slotsShort));
   } else {
     c(
       "ScalingLimited",

@@ -5,7 +5,8 @@
  */
 import type { Exporter, ExporterSet, Secret, VirtualTargetClass } from "../api/types.ts";
 import type { InstanceParams } from "../host/instance_params.ts";
-import { type FieldError, resolveParams } from "./params.ts";
+import { type FieldError, type Placement, type PoolHost, resolveParams } from "./params.ts";
+import { hostKey } from "./placement.ts";
 import { type LabTarget, PINNED_HOST_KEYS_SECRET, sshTarget } from "./credentials.ts";
 import type { Caches } from "./context.ts";
 import type { Problem } from "./status.ts";
@@ -34,22 +35,54 @@ export function parseTarget(s: string, like: LabTarget): LabTarget {
   return m ? { ...like, user: m[1], host: m[2], port: Number(m[3]) } : like;
 }
 
+/** The user, host and port an Exporter's target annotation names; undefined if it has none (or a malformed one). */
+export function annotatedTarget(e: Exporter): Pick<LabTarget, "user" | "host" | "port"> | undefined {
+  const m = TARGET_RE.exec(e.metadata.annotations?.[TARGET_ANNOTATION] ?? "");
+  return m ? { user: m[1], host: m[2], port: Number(m[3]) } : undefined;
+}
+
 /** A Secret of the class's namespace by name. */
 export type SecretLookup = (name: string) => Secret | undefined;
+
+/** One host of a set's placement: its instances' parameters (its own user, port and arch) and its SSH target. */
+export interface HostTarget {
+  /** placement.ts hostKey */
+  key: string;
+  host: PoolHost;
+  params: InstanceParams;
+  target: LabTarget;
+}
 
 export type SetTarget =
   | { ok: false; stage: "parameters"; errors: FieldError[] }
   | { ok: false; stage: "credentials"; params: InstanceParams; warnings: string[]; problem: Problem }
-  | { ok: true; params: InstanceParams; warnings: string[]; target: LabTarget; tofu: boolean };
+  | {
+    ok: true;
+    /** Those of the first host; each host's own are in `hosts`. */
+    params: InstanceParams;
+    warnings: string[];
+    target: LabTarget;
+    tofu: boolean;
+    placement: Placement;
+    hosts: HostTarget[];
+  };
 
-/** The parameters and SSH target of a set of the class, or the stage that keeps it from having them and why. */
+/** The parameters and SSH targets of a set of the class, or the stage that keeps it from having them and why. */
 export function setTarget(cls: VirtualTargetClass, set: ExporterSet, secret: SecretLookup): SetTarget {
   const resolved = resolveParams(cls, set);
   if (!resolved.ok) return { ok: false, stage: "parameters", errors: resolved.errors };
-  const { params, warnings } = resolved;
-  const cred = credentials(cls, params, secret);
-  if (!cred.ok) return { ok: false, stage: "credentials", params, warnings, problem: cred.problem };
-  return { ok: true, params, warnings, target: cred.target, tofu: cred.tofu };
+  const { params, warnings, placement } = resolved;
+  const hosts: HostTarget[] = [];
+  let tofu = false;
+  for (const host of placement.hosts) {
+    const own: InstanceParams = { ...params, host: { name: host.name, user: host.user, port: host.port } };
+    if (host.arch) own.arch = host.arch;
+    const cred = credentials(cls, own, secret);
+    if (!cred.ok) return { ok: false, stage: "credentials", params, warnings, problem: cred.problem };
+    tofu ||= cred.tofu;
+    hosts.push({ key: hostKey(host.name, host.port), host, params: own, target: cred.target });
+  }
+  return { ok: true, params, warnings, target: hosts[0].target, tofu, placement, hosts };
 }
 
 const cachedSecrets = (caches: Pick<Caches, "secrets">, ns: string | undefined): SecretLookup => (name) =>
@@ -109,7 +142,7 @@ export function hostTargets(caches: Caches, provisioner: string): LabTarget[] {
     const cls = caches.classes.get(set.metadata.namespace, set.spec.virtualTargetClassName);
     if (!cls || cls.spec.provisioner !== provisioner) continue;
     const resolved = cachedSetTarget(caches, cls, set);
-    if (resolved.ok) out.set(targetString(resolved.target), resolved.target);
+    if (resolved.ok) { for (const h of resolved.hosts) out.set(targetString(h.target), h.target); }
   }
   return [...out.values()];
 }

@@ -32,9 +32,9 @@ export const MAX_CREATES = 50;
  * the cache read and the write, and a leased Exporter must never be drained or deleted. A conflict ends this round
  * with an error, so the set is planned again on fresh data.
  */
-export async function act(ctx: Context, set: ExporterSet, p: Plan, where?: string): Promise<void> {
+export async function act(ctx: Context, set: ExporterSet, p: Plan, places: string[] = []): Promise<void> {
   const ns = set.metadata.namespace!;
-  if (where !== undefined) await createExporters(ctx, set, p.create, where);
+  await createExporters(ctx, set, p.create, places);
   for (const n of p.enable) await setEnabled(ctx, set, ns, n, true);
   const changed: string[] = [];
   const asPlanned = async (n: string, write: (e: Exporter) => Promise<void>) => {
@@ -95,8 +95,12 @@ async function recycle(ctx: Context, set: ExporterSet, ns: string, name: string)
   ctx.recorder.event(set, "Normal", "DeletingExporter", `deleting exporter ${name}, its lease ended`);
 }
 
-/** Exporters this process created for the set that the cache does not show yet. */
-export function pendingCreates(ctx: Context, set: ExporterSet, live: Exporter[]): string[] {
+/** Exporters this process created for the set that the cache does not show yet, with the target each was placed on. */
+export function pendingCreates(
+  ctx: Context,
+  set: ExporterSet,
+  live: Exporter[],
+): { name: string; where?: string }[] {
   const exp = ctx.expectations.get(set.metadata.uid!);
   if (!exp) return [];
   for (const e of live) exp.names.delete(e.metadata.name!);
@@ -104,7 +108,7 @@ export function pendingCreates(ctx: Context, set: ExporterSet, live: Exporter[])
     ctx.expectations.delete(set.metadata.uid!);
     return [];
   }
-  return [...exp.names];
+  return [...exp.names].map(([name, where]) => ({ name, where }));
 }
 
 /**
@@ -112,7 +116,7 @@ export function pendingCreates(ctx: Context, set: ExporterSet, live: Exporter[])
  * create the API server refuses (quota, webhook, overload) fails once rather than n times. Every create that did
  * succeed is expected, failed batch included, so the next reconcile does not create it again.
  */
-async function createExporters(ctx: Context, set: ExporterSet, n: number, where: string): Promise<void> {
+async function createExporters(ctx: Context, set: ExporterSet, n: number, places: string[]): Promise<void> {
   n = Math.min(n, MAX_CREATES);
   if (n <= 0) return;
   const m = set.metadata;
@@ -127,19 +131,22 @@ async function createExporters(ctx: Context, set: ExporterSet, n: number, where:
     );
   }
   const names: string[] = [];
+  const created = new Map<string, string | undefined>();
   let failure: unknown;
-  for (let batch = 1, left = n; left > 0 && failure === undefined; left -= batch, batch *= 2) {
+  for (let batch = 1, done = 0; done < n && failure === undefined; done += batch, batch *= 2) {
     const results = await Promise.allSettled(
-      Array.from({ length: Math.min(batch, left) }, () => createOne(ctx, set, marks, where)),
+      Array.from({ length: Math.min(batch, n - done) }, (_, i) => createOne(ctx, set, marks, places[done + i])),
     );
-    for (const r of results) {
-      if (r.status === "fulfilled") names.push(r.value.metadata.name!);
-      else failure ??= r.reason;
-    }
+    results.forEach((r, i) => {
+      if (r.status === "fulfilled") {
+        names.push(r.value.metadata.name!);
+        created.set(r.value.metadata.name!, places[done + i]);
+      } else failure ??= r.reason;
+    });
   }
   if (names.length) {
-    const exp = ctx.expectations.get(m.uid!) ?? { names: new Set<string>(), until: 0 };
-    for (const name of names) exp.names.add(name);
+    const exp = ctx.expectations.get(m.uid!) ?? { names: new Map<string, string | undefined>(), until: 0 };
+    for (const [name, where] of created) exp.names.set(name, where);
     exp.until = ctx.now().getTime() + EXPECTATION_MS;
     ctx.expectations.set(m.uid!, exp);
     ctx.recorder.event(set, "Normal", "CreatedExporters", `created ${names.join(", ")}`);
@@ -148,14 +155,15 @@ async function createExporters(ctx: Context, set: ExporterSet, n: number, where:
 }
 
 /**
- * The target annotation comes with the create: it is what deploy.ts would otherwise write before the first apply, one
- * PATCH per instance (4000 of the 14,000 requests converging 500 x 8 under a 50 qps client bucket).
+ * One Exporter. Its target annotation comes with the create: a pooled set's placement takes its slot at once, and for
+ * any set it saves what deploy.ts would otherwise write before the first apply, one PATCH per instance (4000 of the
+ * 14,000 requests converging 500 x 8 under a 50 qps client bucket).
  */
 function createOne(
   ctx: Context,
   set: ExporterSet,
   marks: ReturnType<typeof templateMarks>,
-  where: string,
+  where: string | undefined,
 ): Promise<Exporter> {
   const m = set.metadata;
   return ctx.client.create<Exporter>(EXPORTERS, {
@@ -163,7 +171,7 @@ function createOne(
       generateName: `${m.name}-`,
       namespace: m.namespace,
       labels: { ...marks.labels, [SET_LABEL]: m.name! },
-      annotations: { ...marks.annotations, [TARGET_ANNOTATION]: where },
+      annotations: where ? { ...marks.annotations, [TARGET_ANNOTATION]: where } : marks.annotations,
       finalizers: [FINALIZER],
       ownerReferences: [{
         apiVersion: `${EXPORTER_SETS.group}/${EXPORTER_SETS.version}`,

@@ -133,6 +133,30 @@ export async function stopLabHosts(net: LabNet): Promise<void> {
   if (failed.length > 0) throw new Error(`labhost.sh destroy failed:\n${failed.join("\n")}`);
 }
 
+/** A host of the set by name, or an error naming the hosts there are. */
+async function ownHost(net: LabNet, name: string): Promise<void> {
+  const names = await hostNames(net);
+  if (!names.includes(name)) {
+    throw new Error(`no lab host ${name} in ${net.dir}: the hosts there are ${names.sort().join(", ") || "none"}`);
+  }
+}
+
+/**
+ * Powers a host of the set off, as a lab host's power button does (an orderly poweroff, labhost.sh down): its rootfs,
+ * disks, host keys and network namespace stay, so powerOnLabHost brings the same host back. While it is off its
+ * address refuses connections.
+ */
+export async function powerOffLabHost(net: LabNet, name: string): Promise<void> {
+  await ownHost(net, name);
+  check(`down ${name}`, await labhost(net, "down", name));
+}
+
+/** Powers a host that powerOffLabHost stopped on again at its address; resolves when its sshd answers. */
+export async function powerOnLabHost(net: LabNet, host: Pick<LabHost, "name" | "address">): Promise<void> {
+  await ownHost(net, host.name);
+  check(`up ${host.name}`, await labhost(net, "up", host.name, host.address));
+}
+
 /** The system ssh client's arguments for a lab host, strict host key checking included, before the command. */
 export function sshArgs(host: LabHost): string[] {
   return [
