@@ -19,6 +19,7 @@ import { drift } from "./drift.ts";
 import type { InstanceParams } from "./instance_params.ts";
 import { type Instance, type RenderedInstance, renderInstance } from "./render.ts";
 import { factsWire } from "./host_facts.ts";
+import { runShell } from "./script_harness.ts";
 import {
   type ApplyReport,
   applyScript,
@@ -75,28 +76,17 @@ function instance(ns: string, name: string, uid: string, over: Partial<Instance>
 }
 
 /** Sends a script on stdin the way the product does: `sh -s` (or `sudo -n sh -s`), nothing secret in argv. */
-async function runScript(
+function runScript(
   host: LabHost,
   script: string,
   command = shellCommand(host.user).replace(/\bsh -s$/, `${scriptShell} -s`),
 ): Promise<ExecResult> {
-  const p = new Deno.Command("ssh", {
-    args: [
-      ...["-F", "/dev/null", "-i", host.privateKeyPath, "-p", String(host.port), "-o", "BatchMode=yes"],
-      ...["-o", "LogLevel=ERROR", "-o", "StrictHostKeyChecking=yes", "-o", `UserKnownHostsFile=${host.knownHostsPath}`],
-      `${host.user}@${host.address}`,
-      command,
-    ],
-    stdin: "piped",
-    stdout: "piped",
-    stderr: "piped",
-  }).spawn();
-  const w = p.stdin.getWriter();
-  await w.write(new TextEncoder().encode(script));
-  await w.close();
-  const out = await p.output();
-  const dec = new TextDecoder();
-  return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
+  return runShell("ssh", script, [
+    ...["-F", "/dev/null", "-i", host.privateKeyPath, "-p", String(host.port), "-o", "BatchMode=yes"],
+    ...["-o", "LogLevel=ERROR", "-o", "StrictHostKeyChecking=yes", "-o", `UserKnownHostsFile=${host.knownHostsPath}`],
+    `${host.user}@${host.address}`,
+    command,
+  ]);
 }
 
 async function apply(

@@ -13,7 +13,7 @@ export interface ShellResult {
   stderr: string;
 }
 
-/** Runs `script` on stdin of `shell -s`, as the hosts do. */
+/** Runs `script` on the stdin of `shell ARGS` (`shell -s` as the hosts do, or `ssh ... COMMAND` to reach one). */
 export async function runShell(shell: string, script: string, args: string[] = ["-s"]): Promise<ShellResult> {
   const p = new Deno.Command(shell, { args, stdin: "piped", stdout: "piped", stderr: "piped" }).spawn();
   const w = p.stdin.getWriter();
