@@ -56,6 +56,7 @@ function inventory(p: Placement) {
       qsp_links: ls.flatMap((l) => l.links),
       qsp_volumes: ls.map((l) => l.volume),
       qsp_volume_options: ls[0]?.volumeOptions ?? [],
+      qsp_disks: ls.map((l) => ({ volume: l.diskVolume, command: l.diskCommand })),
       qsp_units: ls.flatMap((l) => l.units),
       qsp_remove: ls.flatMap((l) => l.remove),
     };

@@ -4,6 +4,7 @@
  * non-provisioner deployers put in place by their own means.
  */
 import { configMountDir, EXPORTER_UID, type RenderedInstance } from "../src/host/render.ts";
+import { shQuote as q } from "../src/host/remote.ts";
 import type { Placement } from "./fleet.ts";
 import type { HostProbe } from "./hosts.ts";
 
@@ -59,6 +60,10 @@ export interface Layout {
   volume: string;
   /** `podman volume create` options: the shared volume belongs to the exporter's user, like a pod's emptyDir. */
   volumeOptions: string[];
+  /** The /disk volume: an ext4 image of the instance's size, loop-mounted by Podman, as the controller makes it. */
+  diskVolume: string;
+  /** One shell command creating the /disk image and its volume (the controller's apply does the same). */
+  diskCommand: string;
   /** Start order: runtime, then exporter. */
   units: string[];
   /** Everything teardown deletes (files, links, the instance's config directory). */
@@ -84,11 +89,21 @@ export function layout(r: RenderedInstance): Layout {
     links,
     volume: r.volume,
     volumeOptions: ["--opt", `o=uid=${EXPORTER_UID},gid=${EXPORTER_UID}`],
+    diskVolume: r.disk.volume,
+    diskCommand: [
+      `mkdir -p ${q(dirOf(r.disk.image))}`,
+      `truncate -s ${r.disk.bytes} ${q(r.disk.image)}`,
+      `mkfs.ext4 -F -q -m 0 -E root_owner=${EXPORTER_UID}:${EXPORTER_UID},lazy_itable_init=1,lazy_journal_init=1 ${
+        q(r.disk.image)
+      }`,
+      `podman volume create --ignore --opt type=ext4 --opt device=${q(r.disk.image)} --opt o=loop ${q(r.disk.volume)}`,
+    ].join(" && "),
     units: [r.units.runtime, r.units.exporter],
     remove: [
       ...r.files.filter((f) => !f.secret).map((f) => f.path),
       ...links.map((l) => l.dest),
       configMountDir(r.name),
+      r.disk.image,
     ],
   };
 }

@@ -22,6 +22,7 @@ export function deployCommands(l: Layout): string[] {
     ),
     ...l.links.map((k) => `ln -f ${q(k.src)} ${q(k.dest)}`),
     `podman volume create --ignore ${l.volumeOptions.map(q).join(" ")} ${q(l.volume)}`,
+    l.diskCommand,
     "systemctl daemon-reload",
     ...l.units.map((u) => `systemctl start ${q(u)}`),
     `systemctl is-active ${l.units.map(q).join(" ")}`,
@@ -32,7 +33,7 @@ export function teardownCommands(l: Layout): string[] {
   return [
     ...[...l.units].reverse().map((u) => `systemctl stop ${q(u)}`),
     `rm -rf ${l.remove.map(q).join(" ")}`,
-    `podman volume rm -f ${q(l.volume)}`,
+    `podman volume rm -f ${q(l.volume)} ${q(l.diskVolume)}`,
     "systemctl daemon-reload",
   ];
 }
