@@ -5,6 +5,7 @@
 import assert from "node:assert/strict";
 import { testEnv } from "./env.ts";
 import { parseRunFlags } from "../src/cli/main.ts";
+import { runShell } from "../src/host/script_harness.ts";
 
 const MAIN = new URL("../main.ts", import.meta.url).pathname;
 
@@ -156,19 +157,8 @@ current-context: x
 });
 
 /** main.ts with `stdin` piped in, as `... | qemu-ssh-provisioner render -f -` runs it. */
-async function cliStdin(stdin: string, ...args: string[]) {
-  const p = new Deno.Command(Deno.execPath(), {
-    args: ["run", "-A", MAIN, ...args],
-    stdin: "piped",
-    stdout: "piped",
-    stderr: "piped",
-  }).spawn();
-  const w = p.stdin.getWriter();
-  await w.write(new TextEncoder().encode(stdin));
-  await w.close();
-  const out = await p.output();
-  const dec = new TextDecoder();
-  return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
+function cliStdin(stdin: string, ...args: string[]) {
+  return runShell(Deno.execPath(), stdin, ["run", "-A", MAIN, ...args]);
 }
 
 Deno.test("cli: render -f - reads the manifests from stdin; -o json prints them as data", async () => {
