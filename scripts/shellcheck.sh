@@ -1,7 +1,8 @@
 #!/bin/sh
 # `deno task check`'s ShellCheck of the host scripts (src/host/scripts), as POSIX sh: each script as remote.ts sends it,
 # lib.sh then its own steps (its header's values are uppercase, which ShellCheck takes as set elsewhere), with every
-# finding named by its own file and line. Then the other shell the repository ships, as the shell it names.
+# finding named by its own file and line; stage.sh, which runs on its own after a header of constants (remote.ts
+# STAGE_SCRIPT_TEXT), alone. Then the other shell the repository ships, as the shell it names.
 set -eu
 cd "$(dirname "$0")/.."
 command -v shellcheck >/dev/null || {
@@ -18,5 +19,6 @@ for s in apply remove inspect; do
       sub(/^-:[0-9]+:/, ""); print file ":" line ":" $0; bad = 1
     } END { exit bad }' || status=1
 done
+shellcheck -s sh "$dir/stage.sh" || status=1
 shellcheck scripts/*.sh || status=1
 exit $status

@@ -33,12 +33,17 @@ import {
   DISK_DIR,
   diskImagePath,
   diskVolumeName,
+  EXEC_IN_EXPORTER_IMAGE,
   EXPORTER_UID,
+  LAUNCHER_CACHE,
+  MANAGED_HEADER,
   OWNER_PREFIX,
   QUADLET_DIR,
   quadletPath,
   type RenderedInstance,
+  STAGE_SCRIPT,
   stageContainer,
+  STAGED_NAME,
   volumeName,
 } from "./render.ts";
 import { MIN_PODMAN, podmanVersionParts, quadletDialect } from "./quadlet_dialect.ts";
@@ -48,6 +53,7 @@ import LIB_SH from "./scripts/lib.sh" with { type: "text" };
 import APPLY_SH from "./scripts/apply.sh" with { type: "text" };
 import REMOVE_SH from "./scripts/remove.sh" with { type: "text" };
 import INSPECT_SH from "./scripts/inspect.sh" with { type: "text" };
+import STAGE_SH from "./scripts/stage.sh" with { type: "text" };
 
 /** Single-quotes a value for sh. */
 export function shQuote(s: string): string {
@@ -117,6 +123,19 @@ function script(title: string, values: Record<string, string | number>, body: st
   return `# ${title}\n${CONSTANTS}\n${assignments(values)}\n${LIB_SH}${body}`;
 }
 
+/**
+ * The host's copy of scripts/stage.sh (render.ts STAGE_SCRIPT), which the runtime quadlets' ExecStartPre runs: its
+ * constants as a header, then its steps. The same text for every instance, so the applies on a host agree on it.
+ */
+export const STAGE_SCRIPT_TEXT = `#!/bin/sh\n${MANAGED_HEADER}\n${
+  assignments({ LAUNCHERS: LAUNCHER_CACHE, EXEC_IN_IMAGE: EXEC_IN_EXPORTER_IMAGE, STAGED: STAGED_NAME })
+}\n${STAGE_SH}`;
+const STAGE_VALUES = {
+  STAGE_SCRIPT,
+  STAGE_HASH: sha256(STAGE_SCRIPT_TEXT),
+  STAGE_SH: Buffer.from(STAGE_SCRIPT_TEXT, "utf8").toString("base64"),
+};
+
 export interface ApplyOptions {
   /** Refuse to start (error kvm-missing) when the host has no /dev/kvm. */
   kvmRequired: boolean;
@@ -175,6 +194,7 @@ export function applyScript(r: RenderedInstance, opts: ApplyOptions): string {
     DEFER_RESTART: opts.deferRestart ? 1 : 0,
     SETTLE_TICKS: Math.max(0, Math.round((opts.settleSeconds ?? 20) * 5)),
     FILES: files.join("\n"),
+    ...STAGE_VALUES,
   }, APPLY_SH);
 }
 

@@ -14,6 +14,7 @@ import {
   sha256,
   shellCommand,
   shQuote,
+  STAGE_SCRIPT_TEXT,
 } from "./remote.ts";
 import { MIN_PODMAN } from "./quadlet_dialect.ts";
 import { Buffer } from "node:buffer";
@@ -156,6 +157,34 @@ Deno.test("put and link, under dash and bash: a file is replaced only when its c
       assert.equal(await Deno.readTextFile(l), "two\n");
       assert.equal((await Deno.stat(f)).mode! & 0o777, 0o644);
       assert.deepEqual([...Deno.readDirSync(dir)].map((e) => e.name).sort(), ["a.yaml", "b.yaml"], "no temp file left");
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  }
+});
+
+Deno.test("apply's stage-script step, under dash and bash: the host's staging script is written once, under the lock, and reported as no change", async () => {
+  const s = applyScript(rendered, { kvmRequired: true });
+  const v = await headerValues(s);
+  assert.equal(v.STAGE_SCRIPT, "/var/lib/qemu-ssh.jumpstarter.dev/stage-launcher.sh");
+  assert.equal(Buffer.from(v.STAGE_SH, "base64").toString("utf8"), STAGE_SCRIPT_TEXT);
+  assert.equal(v.STAGE_HASH, sha256(STAGE_SCRIPT_TEXT));
+  const at = (step: string) => APPLY_SH.indexOf(`\nstep=${step}\n`);
+  assert.ok(at("lock") < at("stage-script") && at("stage-script") < at("start"), "under the lock, before any start");
+  const step = APPLY_SH.slice(at("stage-script"), at("volume"));
+  for (const shell of SHELLS) {
+    const dir = await Deno.makeTempDir();
+    try {
+      const f = `${dir}/state/stage-launcher.sh`;
+      const script = withValues(definitions(s), LIB_SH, { STAGE_SCRIPT: f }) + step + `say "done"\n`;
+      for (const round of ["writes", "finds it written"]) {
+        const out = await runShell(shell, script);
+        assert.equal(out.code, 0, `${shell}: ${out.stderr}`);
+        assert.deepEqual(parseApplyOutput(out.stdout, out.stderr, out.code).changed, [], `${shell} ${round}`);
+        assert.equal(await Deno.readTextFile(f), STAGE_SCRIPT_TEXT);
+        assert.equal((await Deno.stat(f)).mode! & 0o777, 0o755);
+        assert.deepEqual([...Deno.readDirSync(`${dir}/state`)].map((e) => e.name), ["stage-launcher.sh"]);
+      }
     } finally {
       await Deno.remove(dir, { recursive: true });
     }

@@ -118,7 +118,9 @@ export const SSH_FORWARD_PORT = 2222;
 export const EXPORTER_UID = 65532;
 /** Where the exporter image carries the launcher, which is staged onto the shared volume before the runtime starts. */
 export const EXEC_IN_EXPORTER_IMAGE = "/jumpstarter/bin/jumpstarter-exec";
-export const STAGED_EXEC = "/shared/jumpstarter-exec";
+/** The launcher's name on the shared volume, where the runtime image runs it from. */
+export const STAGED_NAME = "jumpstarter-exec";
+export const STAGED_EXEC = `/shared/${STAGED_NAME}`;
 /** Firmware the QEMU driver boots unless the template names its own, by guest arch (upstream's defaults). */
 const DEFAULT_PARTITIONS: Record<string, Json> = {
   aarch64: { "OVMF_CODE.fd": "/usr/share/AAVMF/AAVMF_CODE.fd", "OVMF_VARS.fd": "/usr/share/AAVMF/AAVMF_VARS.fd" },
@@ -148,10 +150,19 @@ export const volumeName = (name: string) => `jumpstarter-${name}-shared`;
  */
 export const DISK_MOUNT = "/disk";
 export const diskVolumeName = (name: string) => `jumpstarter-${name}-disk`;
+/** What the scripts keep on the host across reboots. */
+export const STATE_DIR = `/var/lib/${PROVISIONER}`;
 /** Where the /disk volumes' file system images live on the host (doctor checks its free space). */
-export const DISK_DIR = `/var/lib/${PROVISIONER}/disks`;
+export const DISK_DIR = `${STATE_DIR}/disks`;
 export const diskImagePath = (name: string) => `${DISK_DIR}/${name}.img`;
-/** The one-shot container that stages the launcher; --rm removes it, the remove script any a crash left. */
+/**
+ * The host's one copy of scripts/stage.sh, shared by every instance's runtime (its ExecStartPre): every apply writes
+ * it (remote.ts STAGE_SCRIPT_TEXT), under the host lock, without restarting anything.
+ */
+export const STAGE_SCRIPT = `${STATE_DIR}/stage-launcher.sh`;
+/** Where stage.sh keeps each exporter image's launcher, by image id: copied out of an image once. */
+export const LAUNCHER_CACHE = `${STATE_DIR}/launchers`;
+/** The container stage.sh copies the launcher out of (never started); it removes it, the remove script any a crash left. */
 export const stageContainer = (name: string) => `${name}-stage`;
 
 const PULL: Record<PullPolicy, string> = { Always: "always", IfNotPresent: "missing", Never: "never" };
@@ -455,21 +466,19 @@ function renderRuntime(inst: Instance, header: string[], d: QuadletDialect): str
 }
 
 /**
- * The runtime image runs /shared/jumpstarter-exec, which only the exporter image carries: copy it onto the shared
- * volume before every start of the runtime, so a new exporter image (or a volume re-created by hand) always brings
- * its own launcher. The exporter is down meanwhile (it is bound to the runtime), so nothing executes the old copy.
+ * The runtime image runs /shared/jumpstarter-exec, which only the exporter image carries: stage.sh resolves the
+ * exporter image as its pull policy says and puts that image's launcher onto the shared volume before every start of
+ * the runtime, so a new exporter image (or a volume re-created by hand) always brings its own. Values as arguments:
+ * systemd splits the line on blanks, which none of them holds.
  */
 function stageCommand(inst: Instance): string {
-  const image = inst.params.images.exporter;
   return [
-    "podman run --rm --replace",
-    `--name ${stageContainer(inst.name)}`,
-    `--pull ${pullOf(inst, "exporter")}`,
-    "--network none --user 0 --entrypoint cp",
-    `--volume ${volumeName(inst.name)}:/shared:z`,
-    image.image,
-    EXEC_IN_EXPORTER_IMAGE,
-    STAGED_EXEC,
+    "/bin/sh",
+    STAGE_SCRIPT,
+    pullOf(inst, "exporter"),
+    inst.params.images.exporter.image,
+    volumeName(inst.name),
+    stageContainer(inst.name),
   ].join(" ");
 }
 

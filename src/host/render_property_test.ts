@@ -33,7 +33,7 @@ import {
   type RenderedInstance,
   renderInstance,
   SSH_FORWARD_PORT,
-  STAGED_EXEC,
+  STAGE_SCRIPT,
 } from "./render.ts";
 import { type ApplyOptions, applyScript, removeScript } from "./remote.ts";
 import { definitions, recorder, records, runShell } from "./script_harness.ts";
@@ -220,7 +220,10 @@ function checkQuadlet(r: RenderedInstance, inst: Instance, role: "runtime" | "ex
     // the staging command is split on whitespace by systemd: every value in it is one word
     const [stage] = all("ExecStartPre");
     const exporterImage = inst.params.images.exporter.image;
-    assert.deepEqual(stage.split(" ").slice(-3), [exporterImage, "/jumpstarter/bin/jumpstarter-exec", STAGED_EXEC]);
+    const [sh, script, pull, ...args] = stage.split(" ");
+    assert.deepEqual([sh, script], ["/bin/sh", STAGE_SCRIPT]);
+    assert.match(pull, /^(always|missing|never|newer)$/, "a policy of `podman run --pull`, as stage.sh takes it");
+    assert.deepEqual(args, [exporterImage, `jumpstarter-${inst.name}-shared`, `${inst.name}-stage`]);
     assert.doesNotMatch(exporterImage, /[\s"'\\]/);
   }
 }

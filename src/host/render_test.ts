@@ -241,9 +241,8 @@ Deno.test("quadlets: ownership, images, shared volume and netns, kvm to both, at
   assert.match(
     rt.content,
     new RegExp(
-      `^ExecStartPre=podman run --rm --replace --name ${n}-stage --pull always --network none --user 0 ` +
-        `--entrypoint cp --volume jumpstarter-${n}-shared:/shared:z registry\\.example\\.com/jumpstarter:0\\.7 ` +
-        "/jumpstarter/bin/jumpstarter-exec /shared/jumpstarter-exec$",
+      `^ExecStartPre=/bin/sh /var/lib/qemu-ssh\\.jumpstarter\\.dev/stage-launcher\\.sh always ` +
+        `registry\\.example\\.com/jumpstarter:0\\.7 jumpstarter-${n}-shared ${n}-stage$`,
       "m",
     ),
     "the exporter image (and its pull policy) supplies the runtime's launcher",
@@ -422,7 +421,7 @@ Deno.test("pull policy: unstated, :latest is Pull=newer and pinned images missin
     assert.match(fileOf(r, "-exporter.container").content, new RegExp(`^Pull=${want}$`, "m"));
     assert.match(
       fileOf(r, "-runtime.container").content,
-      new RegExp(`^ExecStartPre=podman run .* --pull ${want} `, "m"),
+      new RegExp(`^ExecStartPre=/bin/sh \\S+/stage-launcher\\.sh ${want} `, "m"),
     );
   }
   // the runtime image follows its own policy, unstated here: the seed's :latest

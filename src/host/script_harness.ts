@@ -13,9 +13,17 @@ export interface ShellResult {
   stderr: string;
 }
 
-/** Runs `script` on the stdin of `shell ARGS` (`shell -s` as the hosts do, or `ssh ... COMMAND` to reach one). */
-export async function runShell(shell: string, script: string, args: string[] = ["-s"]): Promise<ShellResult> {
-  const p = new Deno.Command(shell, { args, stdin: "piped", stdout: "piped", stderr: "piped" }).spawn();
+/**
+ * Runs `script` on the stdin of `shell ARGS` (`shell -s` as the hosts do, or `ssh ... COMMAND` to reach one), with
+ * `env` over this process's environment.
+ */
+export async function runShell(
+  shell: string,
+  script: string,
+  args: string[] = ["-s"],
+  env: Record<string, string> = {},
+): Promise<ShellResult> {
+  const p = new Deno.Command(shell, { args, env, stdin: "piped", stdout: "piped", stderr: "piped" }).spawn();
   const w = p.stdin.getWriter();
   await w.write(new TextEncoder().encode(script));
   await w.close();

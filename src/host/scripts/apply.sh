@@ -2,7 +2,8 @@
 # UID_, NAMESPACE, CONTROLLER, RT, EX (units), RTQ, EXQ (their quadlets), VOLUME, DISK, IMG, DISK_BYTES, DISK_MIB,
 # PENDING, RENDERED_FACTS (the host facts the files were rendered for), KVM_REQUIRED, KVM_DENIED_MODE, KVM_GID,
 # DEVICES (one a line), KEEP_EXITED, DEFER_RESTART, SETTLE_TICKS, and FILES: one line per file, KIND SECRET MODE
-# OWNER SHA256 BASE64 PATH LINK..., KIND runtime, exporter or config (which units a change affects), SECRET 1 or 0.
+# OWNER SHA256 BASE64 PATH LINK..., KIND runtime, exporter or config (which units a change affects), SECRET 1 or 0;
+# STAGE_SCRIPT, STAGE_HASH, STAGE_SH: where the host keeps remote.ts STAGE_SCRIPT_TEXT, its sha256 and its base64.
 
 # FN: FN for each file of FILES, with its fields in f_kind, f_secret, f_mode, f_owner, f_hash, f_content, f_path and
 # f_links (blank-separated: render.ts paths have no blanks or glob characters)
@@ -13,8 +14,9 @@ each_file() {
 $FILES
 EOF_FILES
 }
-# PATH MODE OWNER SHA256 BASE64: atomic replace (temp file in the same directory, synced, renamed) unless already equal
-put() {
+# PATH MODE OWNER SHA256 BASE64: atomic replace (temp file in the same directory, synced, renamed) unless already
+# equal; changed=1 if it was written
+replace() {
   changed=0
   if [ -f "$1" ] && [ ! -L "$1" ] && [ "$(stat -c %a:%u:%g "$1")" = "$2:$3:$3" ] &&
     [ "$(sha256sum <"$1" | cut -d' ' -f1)" = "$4" ]; then
@@ -28,7 +30,11 @@ put() {
   mv -f "$tmp" "$1"
   tmp=
   changed=1
-  say changed "$1"
+}
+# the same, reported as changed
+put() {
+  replace "$@"
+  if [ "$changed" = 1 ]; then say changed "$1"; fi
 }
 # TARGET LINK: LINK becomes a hard link to TARGET, replaced atomically
 link() {
@@ -189,6 +195,12 @@ rt_changed=0
 ex_changed=0
 cfg_changed=0
 each_file write_file
+
+step=stage-script
+# The host's, not the instance's: every runtime's ExecStartPre runs it at its next start, so its rewrite is no change
+# of this instance and restarts nothing. Under the lock, as the applies of other instances write it too.
+(umask 022 && mkdir -p "${STAGE_SCRIPT%/*}")
+replace "$STAGE_SCRIPT" 755 0 "$STAGE_HASH" "$STAGE_SH"
 
 step=volume
 # Owned by the exporter's uid, as an emptyDir is writable by the pod's users: the exporter keeps QEMU's sockets and
