@@ -50,6 +50,15 @@ Deno.test({
       assert.deepEqual([applied.errors, applied.ready], [[], true]);
       const found = async () => (await lab.inspect(target)).instances.find((i) => i.name === r.name);
       assert.deepEqual(drift(r, await found()), [], "as applied");
+      // the runtime's ExecStartPre (stage.sh) ran: the launcher of the exporter image's id is on the shared volume
+      const staged = await pool.exec(target, `cat /run/fake-podman/volumes/${r.volume}/_data/jumpstarter-exec`);
+      assert.match(staged.stdout, /the launcher of image [0-9a-f]{64}$/m);
+      assert.deepEqual(
+        applied.changed.filter((f) => !r.files.some((rf) => [rf.path, ...rf.links].includes(f))),
+        [],
+        "only the instance's files are its changes, not the host's staging script",
+      );
+      assert.ok(applied.changed.length > 0);
       await pool.exec(target, `systemctl stop ${r.units.exporter}`);
       assert.deepEqual(drift(r, await found()), [`${r.units.exporter} is inactive`]);
       await lab.remove(target, r.name, r.uid);

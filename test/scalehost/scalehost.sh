@@ -15,7 +15,8 @@
 #                               over the machine's /etc, upper = the host's own dir, so /etc/containers/systemd,
 #                               /etc/jumpstarter/... and the fakes' generator dir are the host's alone
 #               /run            the host's own dir (sshd's privsep dir, fake-systemd/podman state, pending markers)
-#               /var/lib/qemu-ssh.jumpstarter.dev/disks  the host's own dir (the /disk volumes' sparse images)
+#               /var/lib/qemu-ssh.jumpstarter.dev  the host's own dir (the /disk volumes' sparse images, the launcher
+#                               staging script and its cache)
 #               /usr/local/sbin the fakes (read-only), first on the scripts' PATH
 #               /dev/kvm        a node of the hosts' own (same device), 0660 root:kvm
 #             and sshd -f its config (ListenAddress = its address, ForceCommand = session-recorder, log to sshd.log).
@@ -112,7 +113,7 @@ host_init() { # NAME ADDRESS
     local N=$1 IP=$2 H=$FS/$1
     mkdir -p "$H/etc-upper/containers/systemd" "$H/etc-upper/fake-systemd/generator" "$H/etc-work" \
         "$H/run/sshd" "$H/run/fake-systemd/units" "$H/run/fake-podman/volumes" "$H/run/fake-podman/containers" \
-        "$H/run/fake-host" "$H/disks" "$SCALE_DIR/hostkeys"
+        "$H/run/fake-podman/images" "$H/run/fake-host" "$H/state" "$SCALE_DIR/hostkeys"
     chmod 0755 "$H/run/sshd"
     : >"$H/run/fake-host/sessions"
     : >"$H/run/fake-systemd/calls"
@@ -146,9 +147,9 @@ host_start() { # NAME
         set -e
         mount -t overlay overlay -o "lowerdir=$2/etc-extra:/etc,upperdir=$1/etc-upper,workdir=$1/etc-work" /etc
         mount --bind "$1/run" /run
-        # the images of the /disk volumes (src/host/render.ts DISK_DIR): each host has its own, not the machine /var
-        mkdir -p /var/lib/qemu-ssh.jumpstarter.dev/disks
-        mount --bind "$1/disks" /var/lib/qemu-ssh.jumpstarter.dev/disks
+        # what the scripts keep there (src/host/render.ts STATE_DIR): each host has its own, not the machine /var
+        mkdir -p /var/lib/qemu-ssh.jumpstarter.dev
+        mount --bind "$1/state" /var/lib/qemu-ssh.jumpstarter.dev
         if [ -c "$5" ]; then mount --bind "$5" /dev/kvm; fi
         mount --bind "$2/bin" /usr/local/sbin
         mount -o remount,bind,ro /usr/local/sbin
