@@ -17,7 +17,7 @@ import {
 } from "../../test/labhost/labhost.ts";
 import { drift } from "./drift.ts";
 import type { InstanceParams } from "./instance_params.ts";
-import { type Instance, type RenderedInstance, renderInstance } from "./render.ts";
+import { type Instance, LAUNCHER_CACHE, type RenderedInstance, renderInstance, STAGE_SCRIPT } from "./render.ts";
 import { factsWire } from "./host_facts.ts";
 import { runShell } from "./script_harness.ts";
 import {
@@ -30,7 +30,9 @@ import {
   parseInspectOutput,
   parseRemoveOutput,
   removeScript,
+  sha256,
   shellCommand,
+  STAGE_SCRIPT_TEXT,
 } from "./remote.ts";
 
 /**
@@ -200,6 +202,63 @@ for (const { suffix, net, podman, shell } of VARIANTS) {
         const pull = await hostExec(host, `podman pull --policy always ${params.images.exporter.image}`);
         assert.notEqual(pull.code, 0, "the lab host reaches no registry");
       });
+
+      await t.step(
+        "the launcher: copied out of the exporter image once per image id, onto the volume at every start",
+        async () => {
+          const image = params.images.exporter.image;
+          const id = (await sh(host, `podman image inspect --format '{{.Id}}' ${image}`)).trim();
+          const cached = `${LAUNCHER_CACHE}/${id}/jumpstarter-exec`;
+          const mp = (await sh(host, "podman volume inspect -f '{{.Mountpoint}}' jumpstarter-pool-a1-shared")).trim();
+          const staged = `${mp}/jumpstarter-exec`;
+          // the script every apply writes, root's; the launcher the runtime runs is the cached one
+          assert.equal(
+            await sh(host, `stat -c '%a %u' ${STAGE_SCRIPT} ${staged} && sha256sum <${STAGE_SCRIPT}`),
+            `755 0\n755 0\n${sha256(STAGE_SCRIPT_TEXT)}  -\n`,
+          );
+          await sh(host, `cmp ${cached} ${staged}`);
+          const inode = (f: string) => sh(host, `stat -c '%i %Y' ${f}`);
+          const [cachedBefore, stagedBefore] = [await inode(cached), await inode(staged)];
+          const seen = count(await journal(host, "pool-a1-exporter"), HEALTHY);
+          const t0 = performance.now();
+          await sh(host, "systemctl restart pool-a1-runtime.service pool-a1-exporter.service");
+          timings.push(`runtime restart (staging from the cache): ${ms(performance.now() - t0)}`);
+          await waitHealthy(host, "pool-a1", seen);
+          assert.equal(await inode(cached), cachedBefore, "not copied out of the image again");
+          assert.notEqual(await inode(staged), stagedBefore, "copied onto the volume at the start");
+          await sh(host, `cmp ${cached} ${staged}`);
+          assert.equal(await sh(host, "podman ps -a --format '{{.Names}}' | grep -c -- -stage || true"), "0\n");
+
+          // real Podman: an image of a new id is staged anew; Never without the image fails, saying why
+          const moved = "localhost/qsp-stage-moved:1";
+          const run = (pull: string, img: string) =>
+            hostExec(host, `/bin/sh ${STAGE_SCRIPT} ${pull} ${img} qsp-stage-test qsp-stage-test-stage`);
+          await sh(
+            host,
+            `podman create --name qsp-stage-src ${image} x >/dev/null && podman commit -q qsp-stage-src ${moved} ` +
+              ">/dev/null && podman rm qsp-stage-src >/dev/null && podman volume create qsp-stage-test >/dev/null",
+          );
+          let movedId = "none";
+          try {
+            movedId = (await sh(host, `podman image inspect --format '{{.Id}}' ${moved}`)).trim();
+            assert.notEqual(movedId, id);
+            const staging = await run("never", moved);
+            assert.equal(staging.code, 0, staging.stderr);
+            const vmp = (await sh(host, "podman volume inspect -f '{{.Mountpoint}}' qsp-stage-test")).trim();
+            await sh(host, `cmp ${LAUNCHER_CACHE}/${movedId}/jumpstarter-exec ${vmp}/jumpstarter-exec`);
+            const missing = await run("never", "localhost/qsp-stage-missing:1");
+            assert.notEqual(missing.code, 0);
+            assert.match(missing.stderr, /qsp-stage-missing:1 is not on this host and its imagePullPolicy is Never/);
+            assert.equal(await sh(host, "podman ps -a --format '{{.Names}}' | grep -c qsp-stage || true"), "0\n");
+          } finally {
+            await sh(
+              host,
+              `podman volume rm -f qsp-stage-test >/dev/null; podman rmi -f ${moved} >/dev/null; ` +
+                `rm -rf ${LAUNCHER_CACHE}/${movedId}`,
+            );
+          }
+        },
+      );
 
       await t.step(
         "/disk: one sized volume both containers mount, the exporter's to write, full at its size",
@@ -620,6 +679,8 @@ for (const { suffix, net, podman, shell } of VARIANTS) {
         assert.equal(await sh(host, "podman ps -a --format '{{.Names}}'"), "");
         assert.equal(await sh(host, "podman volume ls -q"), "");
         assert.equal(await sh(host, "ls -A /var/lib/qemu-ssh.jumpstarter.dev/disks"), "");
+        // the host's, which other instances' runtimes use: a remove leaves them
+        await sh(host, `test -f ${STAGE_SCRIPT} && ls ${LAUNCHER_CACHE}/*/jumpstarter-exec`);
         assert.equal(await sh(host, "findmnt -n -o SOURCE | grep '^/dev/loop' || true"), "", "no /disk left mounted");
         assert.equal(
           await sh(
