@@ -118,9 +118,8 @@ export const SSH_FORWARD_PORT = 2222;
 export const EXPORTER_UID = 65532;
 /** Where the exporter image carries the launcher, which is staged onto the shared volume before the runtime starts. */
 export const EXEC_IN_EXPORTER_IMAGE = "/jumpstarter/bin/jumpstarter-exec";
-/** The launcher's name on the shared volume, where the runtime image runs it from. */
+/** The launcher's name on the shared volume: the runtime image runs /shared/jumpstarter-exec. */
 export const STAGED_NAME = "jumpstarter-exec";
-export const STAGED_EXEC = `/shared/${STAGED_NAME}`;
 /** Firmware the QEMU driver boots unless the template names its own, by guest arch (upstream's defaults). */
 const DEFAULT_PARTITIONS: Record<string, Json> = {
   aarch64: { "OVMF_CODE.fd": "/usr/share/AAVMF/AAVMF_CODE.fd", "OVMF_VARS.fd": "/usr/share/AAVMF/AAVMF_VARS.fd" },
@@ -151,7 +150,7 @@ export const volumeName = (name: string) => `jumpstarter-${name}-shared`;
 export const DISK_MOUNT = "/disk";
 export const diskVolumeName = (name: string) => `jumpstarter-${name}-disk`;
 /** What the scripts keep on the host across reboots. */
-export const STATE_DIR = `/var/lib/${PROVISIONER}`;
+const STATE_DIR = `/var/lib/${PROVISIONER}`;
 /** Where the /disk volumes' file system images live on the host (doctor checks its free space). */
 export const DISK_DIR = `${STATE_DIR}/disks`;
 export const diskImagePath = (name: string) => `${DISK_DIR}/${name}.img`;
