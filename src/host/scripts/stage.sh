@@ -4,8 +4,8 @@
 # (where the exporter image carries the launcher) and STAGED (its name on the volume). Run as `/bin/sh SCRIPT PULL
 # IMAGE VOLUME CONTAINER`: PULL is Podman's pull policy for the image (always, missing, never, newer), VOLUME the
 # shared volume, CONTAINER the name of the instance's temporary container the launcher is copied out of (render.ts
-# stageContainer). A container start per runtime start cost ~2 s: the launcher is copied out of an image once per
-# image id, and only copied onto the volume at each start, so a new image (a floating tag updated) brings its own.
+# stageContainer). No container runs: the launcher is copied out of an image once per image id, and only copied onto
+# the volume at each start, so a new image (a floating tag updated) brings its own.
 # systemd's PATH, which finds podman, as the quadlet's own podman command does
 set -eu
 export LC_ALL=C
