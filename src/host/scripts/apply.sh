@@ -49,6 +49,13 @@ running() {
   case "$active" in active | activating | reloading) return 0 ;; esac
   return 1
 }
+# UNIT: a start or restart job is queued for UNIT and not done yet (the apply queues them and does not wait)
+start_queued() {
+  case " $(systemctl list-jobs --no-legend "$1" 2>/dev/null | tr '\n' ' ') " in
+  *" start "* | *" restart "*) return 0 ;;
+  esac
+  return 1
+}
 # UNIT: remember on the host which definition UNIT was (re)started with, once its job is queued. Written after the
 # start, so a script killed in between leaves the old record: the next apply restarts once more rather than never.
 started_with() {
@@ -357,6 +364,8 @@ for u in "$RT" "$EX"; do
   case "$active" in
   active | activating | reloading) ;;
   *)
+    # an earlier apply's start or restart still under way (a restart passes through deactivating): not down
+    if start_queued "$u"; then continue; fi
     # a unit that hit its start limit refuses to start until reset
     if [ "$active" = failed ]; then systemctl reset-failed "$u"; fi
     systemctl start --no-block "$u"
