@@ -107,7 +107,8 @@ export class FakeHosts implements HostOps {
       starting,
       exited: inst.exporter === "exited",
       restartPending: inst.pending,
-      startedExporter: start || restart,
+      // as LabHosts: a restart for a change is not the exporter going down
+      startedExporter: start,
       exporterRestarts: 0,
       journal: inst.exporter === "exited" ? ["exporter exited"] : [],
       errors: [],

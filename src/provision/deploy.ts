@@ -22,12 +22,18 @@ import { annotate, replaceLeftBehind } from "./writes.ts";
 
 const DEFAULT_CA_CONFIGMAP = { name: "jumpstarter-service-ca-cert", key: "ca.crt" };
 
-/** After a pending restart rolled, how soon the next one may: the apply already waited for the first to settle. */
+/**
+ * After a pending restart rolled, how soon the set is looked at again for the next; that one waits until no instance
+ * of the set is on its way up (the apply queues a restart and does not wait for it).
+ */
 export const ROLL_NEXT_MS = 5_000;
 
 export type Outdated = { name: string } & Waits;
 
-/** What the deploys of one reconcile share: pending restarts roll one at a time; what they report together. */
+/**
+ * What the deploys of one reconcile share: pending restarts roll one at a time, none while another instance is on its
+ * way up; what they report together.
+ */
 interface Turn {
   rolling: boolean;
   outdated: Outdated[];
@@ -59,7 +65,9 @@ export async function deployAll(
 ): Promise<Deployed> {
   const waiting = live.filter((e) => !e.status?.credential?.name || !e.status?.endpoint).map((e) => e.metadata.name!);
   const unseen: string[] = [];
-  const turn: Turn = { rolling: false, outdated: [], deployed: [] };
+  // the restart rolled last is not over while its units are on their way up
+  const rolling = live.some((e) => ctx.applied.get(e.metadata.uid!)?.startingSince !== undefined);
+  const turn: Turn = { rolling, outdated: [], deployed: [] };
   const { outdated } = turn;
   const results = await Promise.all(live.map(async (e) => {
     if (waiting.includes(e.metadata.name!)) return undefined;

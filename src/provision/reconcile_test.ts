@@ -822,6 +822,28 @@ Deno.test("reconcile: pending restarts roll one instance at a time once their le
   assert.equal(w.set.status?.updatedReplicas, w.set.status?.replicas);
 });
 
+Deno.test("reconcile: the next pending restart rolls only once the one before is up", async () => {
+  const w = new World({ recycleStrategy: "InPlaceReuse" });
+  const [a, b] = await w.deployed();
+  for (const e of [a, b]) w.patchExporterStatus(e.metadata.name!, { leaseRef: { name: `l-${e.metadata.name}` } });
+  await w.reconcile();
+  w.updateSpec({ images: { runtime: { imagePullPolicy: "Always" } } });
+  await w.reconcile();
+  w.hosts.startLooks.set(HOST, 1);
+  for (const e of [a, b]) w.patchExporterStatus(e.metadata.name!, { leaseRef: undefined });
+  await w.reconcile();
+  const starts = () => [a, b].map((e) => w.hosts.instance(HOST, e.metadata.name!)!.starts).sort();
+  assert.deepEqual(starts(), [1, 2], "one restarted");
+  w.advance(1_000);
+  await w.reconcile();
+  assert.deepEqual(starts(), [1, 2], "its units still activating: the other waits");
+  w.advance(1_000);
+  await w.reconcile();
+  assert.deepEqual(starts(), [1, 2], "found up in this reconcile: the other rolls at the next");
+  await w.reconcile();
+  assert.deepEqual(starts(), [2, 2]);
+});
+
 Deno.test("reconcile: a new host-key pin in the namespace re-applies no instance (M7)", async () => {
   const w = new World();
   const [a, b] = await w.deployed();
