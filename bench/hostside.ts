@@ -8,6 +8,7 @@ import { SshPool, type SshTarget } from "../src/host/ssh.ts";
 import type { Deployer, SshCounts } from "./deployer.ts";
 import type { Placement } from "./fleet.ts";
 import type { HostProbe } from "./hosts.ts";
+import { inspectUntilUp } from "../test/env.ts";
 
 export function hostSideDeployer(probe: HostProbe): Deployer {
   /** Runs `fn` for every instance at once over a fresh pool; the pool's own counters are the SSH cost. */
@@ -31,7 +32,9 @@ export function hostSideDeployer(probe: HostProbe): Deployer {
     deploy: (p) =>
       everywhere(p, async (lab, t, r) => {
         const out = await lab.apply(t, r, { kvmRequired: true, keepExited: true });
-        if (!out.ready) throw new Error(`${t.host}/${r.name}: not ready: ${out.errors.join("; ")}`);
+        if (!out.ready && !out.starting) throw new Error(`${t.host}/${r.name}: not ready: ${out.errors.join("; ")}`);
+        // the apply does not wait for the starts it queued: up once an inspection says so, as for the controller
+        if (!out.ready) await inspectUntilUp(() => lab.inspect(t), [r]);
       }),
     teardown: (p) => everywhere(p, (lab, t, r) => lab.remove(t, r.name)),
   };

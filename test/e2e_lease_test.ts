@@ -66,10 +66,12 @@ Deno.test({
       assert.equal(await containerIdentity(w.host, name), before, "the leased instance was not restarted");
 
       await endLease(w, name, leaseName);
+      // ready again: the apply queued the restart, and a later inspection found the units up after it
       await waitFor(async () => {
         const s = await getSet(w);
-        return s.status?.updatedReplicas === 1 && cond(s, "Progressing")?.reason !== "WaitingForLease";
-      }, { what: "the set up to date after the lease", timeoutMs: 60_000 });
+        return s.status?.updatedReplicas === 1 && s.status?.readyReplicas === 1 &&
+          cond(s, "Progressing")?.reason !== "WaitingForLease";
+      }, { what: "the set up to date and ready after the lease", timeoutMs: 60_000 });
       assert.notEqual(await containerIdentity(w.host, name), before, "restarted once the lease ended");
       await waitReady(w, 1);
     } finally {

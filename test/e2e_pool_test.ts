@@ -84,7 +84,7 @@ Deno.test({
       await lease(w, leased);
       await powerOffLabHost(net, hosts[0].name);
       const off = Date.now();
-      // replaced: deployed on another host, which the controller marks only once the instance is up there
+      // replaced: deployed on another host, which the controller marks once it applied the instance there
       const replaced = await waitFor(async () => {
         const es = await live(w!);
         const others = es.filter((e) => hostOf(e) !== hosts[0].address);
@@ -92,9 +92,12 @@ Deno.test({
           others.every((e) => e.metadata.annotations?.[HOST_ANNOTATION]) && es;
       }, { what: `the idle instance of ${hosts[0].name} replaced on the others`, timeoutMs: (FAILOVER_S + 30) * 1000 });
       const took = (Date.now() - off) / 1000;
+      // the apply queued their starts and did not wait for them
       for (const e of replaced.filter((x) => hostOf(x) !== hosts[0].address)) {
         const on = hosts.find((h) => h.address === hostOf(e))!;
-        assert.equal(await unitStates(on, e.metadata.name!), "active active", `${e.metadata.name} on ${on.name}`);
+        await waitFor(async () => await unitStates(on, e.metadata.name!) === "active active", {
+          what: `${e.metadata.name} up on ${on.name}`,
+        });
       }
       console.log(`  replaced ${took.toFixed(1)}s after the power-off`);
       assert.ok(replaced.some((e) => e.metadata.name === leased), "the leased instance is kept");

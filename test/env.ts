@@ -8,6 +8,9 @@ import { CRDS, JUMPSTARTER_CRDS } from "../src/api/crds.ts";
 import { isConflict, KubeClient } from "../src/kube/client.ts";
 import { CRDS as CRD_RESOURCE, NAMESPACES } from "../src/kube/resources.ts";
 import type { LabHost, LabNet } from "./labhost/labhost.ts";
+import type { HostInspection } from "../src/host/remote.ts";
+import type { RenderedInstance } from "../src/host/render.ts";
+import { drift, starting } from "../src/host/drift.ts";
 
 export interface TestEnv {
   kubeconfig: string;
@@ -107,6 +110,30 @@ export async function waitFor<T>(
     }
     await new Promise((r) => setTimeout(r, opts.intervalMs ?? 250));
   }
+}
+
+/**
+ * Waits until an inspection of the host finds each instance as rendered with both units active, looking once a second
+ * as the controller does after an apply that left them on their way up (deploy.ts); returns how many looks it took.
+ */
+export async function inspectUntilUp(
+  inspect: () => Promise<HostInspection>,
+  rendered: RenderedInstance[],
+  timeoutMs = 120_000,
+): Promise<number> {
+  let looks = 0;
+  await waitFor(async () => {
+    looks++;
+    const found = (await inspect()).instances;
+    const off = rendered.flatMap((r) => {
+      const i = found.find((f) => f.name === r.name);
+      return [...drift(r, i), ...starting(r, i)];
+    });
+    // thrown, so that a timeout says what was still off
+    if (off.length) throw new Error(off.join("; "));
+    return true;
+  }, { what: `${rendered.map((r) => r.name).join(", ")} up`, timeoutMs, intervalMs: 1_000 });
+  return looks;
 }
 
 /** The feature description's example manifests (manifests/examples/), retargeted to a namespace. */

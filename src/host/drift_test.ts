@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { drift } from "./drift.ts";
+import { drift, starting } from "./drift.ts";
 import { type InspectedInstance, sha256 } from "./remote.ts";
 import type { RenderedInstance } from "./render.ts";
 
@@ -57,4 +57,31 @@ Deno.test("drift: names each file, mode, unit and volume that differs", () => {
     "volume jumpstarter-a-disk is missing",
   ]);
   assert.deepEqual(drift(rendered, undefined), ["not on the host"]);
+});
+
+Deno.test("drift: units on their way up are starting, not drift; down ones are drift, not starting", () => {
+  const found = inSync();
+  found.runtime = { load: "loaded", active: "activating", sub: "start-pre" };
+  found.exporter = { load: "loaded", active: "inactive", sub: "dead", job: "start" };
+  assert.deepEqual(drift(rendered, found), []);
+  assert.deepEqual(starting(rendered, found), [
+    "a-runtime.service is activating (start-pre)",
+    "a-exporter.service is inactive with a start job queued",
+  ]);
+  // systemd's wait before restarting a unit that exited is still on the way up; a restart queued on a running one too
+  found.runtime = { load: "loaded", active: "activating", sub: "auto-restart" };
+  found.exporter = { load: "loaded", active: "active", sub: "running", job: "restart" };
+  assert.deepEqual(drift(rendered, found), []);
+  assert.deepEqual(starting(rendered, found), [
+    "a-runtime.service is activating (auto-restart)",
+    "a-exporter.service is active with a restart job queued",
+  ]);
+  found.runtime = active;
+  found.exporter = { load: "loaded", active: "failed", sub: "failed" };
+  assert.deepEqual(drift(rendered, found), ["a-exporter.service is failed"]);
+  assert.deepEqual(starting(rendered, found), []);
+  found.exporter = { load: "loaded", active: "inactive", sub: "dead", job: "stop" };
+  assert.deepEqual(drift(rendered, found), ["a-exporter.service is inactive"]);
+  assert.deepEqual(starting(rendered, inSync()), []);
+  assert.deepEqual(starting(rendered, undefined), []);
 });

@@ -17,6 +17,8 @@ export interface FakeInstance {
   starts: number;
   /** A restart deferred under a lease, done by the next apply without deferRestart. */
   pending?: boolean;
+  /** How many more inspections find the exporter activating (its host's startLooks). */
+  startingLooks?: number;
 }
 
 export class FakeHosts implements HostOps {
@@ -35,6 +37,12 @@ export class FakeHosts implements HostOps {
    * A host not listed takes files rendered for any facts and reports none.
    */
   readonly facts = new Map<string, HostFacts>();
+  /**
+   * By host, how many of its inspections find an exporter that an apply started or restarted still activating, the
+   * apply having reported it so: a real host's apply queues the start and does not wait for it. A host not listed has
+   * it up by the time the apply reports.
+   */
+  readonly startLooks = new Map<string, number>();
 
   instance(host: string, name: string): FakeInstance | undefined {
     return this.hosts.get(dnsName(host))?.get(name);
@@ -42,7 +50,9 @@ export class FakeHosts implements HostOps {
 
   /** The exporter ends by itself (a lease ended, or it crashed); systemd leaves it down. */
   exit(host: string, name: string): void {
-    this.instance(host, name)!.exporter = "exited";
+    const i = this.instance(host, name)!;
+    i.exporter = "exited";
+    i.startingLooks = 0;
   }
 
   apply(
@@ -59,6 +69,7 @@ export class FakeHosts implements HostOps {
       return Promise.resolve({
         changed: [],
         ready: false,
+        starting: false,
         exited: false,
         restartPending: false,
         startedExporter: false,
@@ -86,16 +97,20 @@ export class FakeHosts implements HostOps {
     if (start || restart) {
       inst.exporter = "active";
       inst.starts++;
+      inst.startingLooks = this.startLooks.get(target.host);
     }
-    const ready = inst.exporter === "active";
+    const starting = (inst.startingLooks ?? 0) > 0;
+    const ready = inst.exporter === "active" && !starting;
     return Promise.resolve({
       changed,
       ready,
-      exited: !ready,
+      starting,
+      exited: inst.exporter === "exited",
       restartPending: inst.pending,
-      startedExporter: start || restart,
+      // as LabHosts: a restart for a change is not the exporter going down
+      startedExporter: start,
       exporterRestarts: 0,
-      journal: ready ? [] : ["exporter exited"],
+      journal: inst.exporter === "exited" ? ["exporter exited"] : [],
       errors: [],
       ...(facts ? { facts } : {}),
     });
@@ -110,7 +125,12 @@ export class FakeHosts implements HostOps {
 
   inspect(target: SshTarget): Promise<HostInspection> {
     this.reach(target, `inspect ${target.host}`);
-    const instances = [...[...this.on(target.host).values()].map(inspected), ...this.strays.get(target.host) ?? []];
+    const found = [...this.on(target.host).values()].map((i) => {
+      const seen = inspected(i);
+      if (i.startingLooks) i.startingLooks--;
+      return seen;
+    });
+    const instances = [...found, ...this.strays.get(target.host) ?? []];
     const facts = this.facts.get(target.host);
     return Promise.resolve({ ok: true, ...(facts ? { facts } : {}), diskFreeKiB: {}, instances, errors: [] });
   }
@@ -167,7 +187,9 @@ function inspected(i: FakeInstance): InspectedInstance {
     ),
     ownerMismatch: false,
     runtime: unit("active"),
-    exporter: unit(i.exporter === "active" ? "active" : "inactive"),
+    exporter: i.startingLooks
+      ? { load: "loaded", active: "activating", sub: "start" }
+      : unit(i.exporter === "active" ? "active" : "inactive"),
     containers: [],
     volume: true,
     diskVolume: true,

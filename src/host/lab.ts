@@ -6,6 +6,7 @@ import type { RenderedInstance } from "./render.ts";
 import type { HostFacts } from "./host_facts.ts";
 import {
   type ApplyOptions,
+  type ApplyReport,
   applyScript,
   type HostInspection,
   inspectScript,
@@ -24,6 +25,11 @@ export interface ApplyOutcome {
   changed: string[];
   /** Both units active. */
   ready: boolean;
+  /**
+   * Not ready, but nothing is down: a unit is on its way up (activating, or waiting on its queued start), which the
+   * apply does not wait for.
+   */
+  starting: boolean;
   /** The exporter ended by itself (clean exit) and was left stopped (keepExited). */
   exited: boolean;
   /** Running units were left on an older definition (deferRestart): the instance is outdated until applied again. */
@@ -112,10 +118,14 @@ export class LabHosts implements HostOps {
     const report = parseApplyOutput(res.stdout, res.stderr, res.code);
     const rt = report.states[r.units.runtime];
     const ex = report.states[r.units.exporter];
+    const ready = rt?.active === "active" && ex?.active === "active";
+    const exited = report.exited.includes(r.units.exporter);
     return {
       changed: report.changed,
-      ready: rt?.active === "active" && ex?.active === "active",
-      exited: report.exited.includes(r.units.exporter),
+      ready,
+      starting: !ready && !exited && report.ok &&
+        [r.units.runtime, r.units.exporter].every((u) => upOrQueued(u, report)),
+      exited,
       restartPending: report.pending.length > 0,
       // a restart for a change is not the exporter going down
       startedExporter: report.started.includes(r.units.exporter),
@@ -136,6 +146,13 @@ export class LabHosts implements HostOps {
     const res = await this.run(target, inspectScript());
     return failUnlessOk(target, parseInspectOutput(res.stdout, res.stderr, res.code));
   }
+}
+
+/** The unit as the apply left it: up, on its way up, or with a start or restart that the apply queued. */
+function upOrQueued(unit: string, report: ApplyReport): boolean {
+  const active = report.states[unit]?.active;
+  return active === "active" || active === "activating" || active === "reloading" || report.started.includes(unit) ||
+    report.restarted.includes(unit);
 }
 
 /**

@@ -12,11 +12,11 @@
  *   qsp restarted UNIT | qsp hup UNIT | qsp started UNIT
  *   qsp exited UNIT                        the exporter ended by itself (lease over) and was left stopped
  *   qsp restart-pending UNIT               UNIT runs an older definition than its quadlet (deferRestart)
- *   qsp state UNIT ACTIVE SUB RESTARTS     systemd ActiveState, SubState, NRestarts after the apply settled
+ *   qsp state UNIT ACTIVE SUB RESTARTS     systemd ActiveState, SubState, NRestarts once the apply queued its jobs
  *   qsp journal LINE                       the exporter's last journal lines, when it is down, restarted or started
  *   qsp removed WHAT NAME | qsp removed nothing | qsp stopped UNIT
  *   qsp file KIND NAME PATH OWNER | qsp mode PATH MODE | qsp sha256 PATH HASH | qsp unit UNIT LOAD ACTIVE SUB
- *     | qsp record UNIT HASH | qsp loaded UNIT HASH | qsp container ... | qsp volume ...  what inspect found
+ *     | qsp job UNIT TYPE | qsp record UNIT HASH | qsp loaded UNIT HASH | qsp container ... | qsp volume ...  what inspect found
  *   qsp facts WIRE                         the host's facts (host_facts.ts), printed before anything is written
  *   qsp error CODE MESSAGE                 CODE is one word (see ErrorCode)
  *   qsp done                               the script ran to its end (absent: it died or the connection dropped)
@@ -150,8 +150,6 @@ export interface ApplyOptions {
    * happen. Default false.
    */
   deferRestart?: boolean;
-  /** How long to wait for the units to leave "activating" before reporting their state; default 20. */
-  settleSeconds?: number;
 }
 
 /**
@@ -192,7 +190,6 @@ export function applyScript(r: RenderedInstance, opts: ApplyOptions): string {
     DEVICES: r.devices.join("\n"),
     KEEP_EXITED: opts.keepExited ? 1 : 0,
     DEFER_RESTART: opts.deferRestart ? 1 : 0,
-    SETTLE_TICKS: Math.max(0, Math.round((opts.settleSeconds ?? 20) * 5)),
     FILES: files.join("\n"),
     ...STAGE_VALUES,
   }, APPLY_SH);
@@ -323,8 +320,8 @@ export interface InspectedInstance {
   controller?: string;
   /** Files whose ownership lines disagree (someone copied files around): do not trust the owner fields. */
   ownerMismatch: boolean;
-  runtime?: { load: string; active: string; sub: string };
-  exporter?: { load: string; active: string; sub: string };
+  runtime?: InspectedUnit;
+  exporter?: InspectedUnit;
   /** Its units that run a definition older than the one systemd has loaded for them: each owes a restart. */
   outdated?: string[];
   containers: { name: string; state: string; uid: string; controller?: string }[];
@@ -332,6 +329,14 @@ export interface InspectedInstance {
   volume: boolean;
   /** The /disk volume exists. */
   diskVolume: boolean;
+}
+
+export interface InspectedUnit {
+  load: string;
+  active: string;
+  sub: string;
+  /** The type of the job systemd has queued for it (start, restart, stop...), if any. */
+  job?: string;
 }
 
 export interface InspectedFile {
@@ -451,7 +456,8 @@ export function parseInspectOutput(stdout: string, stderr: string, exitCode: num
     }
     return i;
   };
-  const units: Record<string, { load: string; active: string; sub: string }> = {};
+  const units: Record<string, InspectedUnit> = {};
+  const jobs = new Map<string, string>();
   const modes = new Map<string, string>();
   const digests = new Map<string, string>();
   const records = new Map<string, string>();
@@ -477,6 +483,7 @@ export function parseInspectOutput(stdout: string, stderr: string, exitCode: num
     } else if (kind === "mode") modes.set(w[0], w[1]);
     else if (kind === "sha256") digests.set(w[0], w[1]);
     else if (kind === "unit") units[w[0]] = { load: w[1], active: w[2], sub: w[3] };
+    else if (kind === "job") jobs.set(w[0], w[1]);
     else if (kind === "record") records.set(w[0], w[1] ?? "");
     else if (kind === "loaded") loaded.set(w[0], w[1]);
     else if (kind === "container") {
@@ -491,6 +498,7 @@ export function parseInspectOutput(stdout: string, stderr: string, exitCode: num
       }
     }
   }
+  for (const [u, job] of jobs) if (units[u]) units[u].job = job;
   for (const i of byName.values()) {
     for (const f of i.files) {
       if (modes.has(f.path)) f.mode = modes.get(f.path);

@@ -5,7 +5,7 @@
  * Needs root (network namespaces, bridge, systemd-nspawn); it is skipped otherwise.
  */
 import { seedParams } from "../../test/fixtures.ts";
-import { privateLabNet } from "../../test/env.ts";
+import { inspectUntilUp, privateLabNet } from "../../test/env.ts";
 import assert from "node:assert/strict";
 import {
   type ExecResult,
@@ -94,20 +94,32 @@ function runScript(
 async function apply(
   host: LabHost,
   r: RenderedInstance,
-  opts: { command?: string; keepExited?: boolean; settleSeconds?: number; deferRestart?: boolean } = {},
+  opts: { command?: string; keepExited?: boolean; deferRestart?: boolean } = {},
 ): Promise<ApplyReport> {
   const script = applyScript(r, { kvmRequired: true, ...opts });
   const out = await runScript(host, script, opts.command);
   return parseApplyOutput(out.stdout, out.stderr, out.code);
 }
 
+/**
+ * The apply went through, and left both units up or on their way up: it queues their starts and restarts and does
+ * not wait for them (waitUp does, as the controller's next inspection would).
+ */
 function assertApplied(report: ApplyReport) {
   assert.ok(report.ok, JSON.stringify(report.errors));
   for (const [unit, s] of Object.entries(report.states)) {
-    assert.equal(s.active, "active", `${unit}: ${JSON.stringify(s)}`);
+    const queued = report.started.includes(unit) || report.restarted.includes(unit);
+    assert.ok(["active", "activating", "reloading"].includes(s.active) || queued, `${unit}: ${JSON.stringify(s)}`);
   }
   assert.equal(Object.keys(report.states).length, 2);
 }
+
+/** Waits until the host's inspection finds `r` as rendered with both units active: what makes the controller's ready. */
+const waitUp = (host: LabHost, r: RenderedInstance) =>
+  inspectUntilUp(async () => {
+    const out = await runScript(host, inspectScript());
+    return parseInspectOutput(out.stdout, out.stderr, out.code);
+  }, [r]);
 
 async function sh(host: LabHost, command: string): Promise<string> {
   const r = await hostExec(host, command);
@@ -173,8 +185,18 @@ for (const { suffix, net, podman, shell } of VARIANTS) {
           assert.equal(report.changed.length, 4, JSON.stringify(report.changed));
           assert.deepEqual([report.reloaded, report.volumeCreated], [true, true]);
           assert.deepEqual(report.started, [`${inst.name}-runtime.service`, `${inst.name}-exporter.service`]);
+          // the apply did not wait for the starts it queued: an inspection right after it sees no drift, however far
+          // they got (a unit whose start job waits on the runtime's reads inactive, with the job)
+          const out = await runScript(host, inspectScript());
+          const found = parseInspectOutput(out.stdout, out.stderr, out.code).instances.find((i) =>
+            i.name === inst.name
+          );
+          assert.deepEqual(drift(render(inst), found), [], JSON.stringify([found?.runtime, found?.exporter]));
         }
         for (const inst of [a, b]) {
+          const t0 = performance.now();
+          await waitUp(host, render(inst));
+          timings.push(`up after the apply ${inst.name}: ${ms(performance.now() - t0)}`);
           await waitHealthy(host, inst.name);
           const log = await journal(host, `${inst.name}-exporter`);
           assert.match(
@@ -385,7 +407,7 @@ for (const { suffix, net, podman, shell } of VARIANTS) {
             (r) => exporterDisk(r, "Tmpfs=/disk:mode=1777\n"),
           );
           for (const r of [noStaging, unreadable, noDisk, ownDisk]) {
-            const report = await apply(host, r, { settleSeconds: 8 });
+            const report = await apply(host, r);
             assert.ok(report.ok, JSON.stringify(report.errors));
             // Not asserted on the report: a container that fails at once is "active" for the moment between its start
             // and its exit, and the apply's last look may fall there (with any pull policy). The journal and the
@@ -514,6 +536,7 @@ for (const { suffix, net, podman, shell } of VARIANTS) {
           const after = await apply(host, render(rotated));
           assertApplied(after);
           assert.deepEqual([after.changed, after.restarted, after.pending], [[], units, []]);
+          await waitUp(host, render(rotated));
           assert.notEqual(await started(host, both), before);
           const settled = await apply(host, render(rotated));
           assert.deepEqual([settled.restarted, settled.pending], [[], []], "restarted once, not on every apply");
@@ -532,6 +555,7 @@ for (const { suffix, net, podman, shell } of VARIANTS) {
         assertApplied(report);
         assert.deepEqual(report.changed, ["/etc/containers/systemd/pool-b1-runtime.container"]);
         assert.deepEqual(report.restarted, ["pool-b1-runtime.service", "pool-b1-exporter.service"]);
+        await waitUp(host, render({ ...b, params: neverPull }));
         assert.notEqual(await started(host, "pool-b1-runtime"), rtBefore);
         await waitHealthy(host, "pool-b1", healthy);
 
@@ -541,6 +565,7 @@ for (const { suffix, net, podman, shell } of VARIANTS) {
         const report2 = await apply(host, render({ ...b, params: neverPull, exitOnLeaseEnd: !b.exitOnLeaseEnd }));
         assertApplied(report2);
         assert.deepEqual(report2.restarted, ["pool-b1-exporter.service"]);
+        await waitUp(host, render({ ...b, params: neverPull, exitOnLeaseEnd: !b.exitOnLeaseEnd }));
         assert.equal(await started(host, "pool-b1-runtime"), rtNow);
         assert.notEqual(await started(host, "pool-b1-exporter"), exBefore);
         await waitHealthy(host, "pool-b1", healthy + 1);
@@ -744,6 +769,7 @@ Deno.test({
     await t.step("7 instances deployed at once on one host all come up", async () => {
       const reports = await Promise.all(all.map((i) => apply(host, render(i))));
       reports.forEach(assertApplied);
+      for (const i of all) await waitUp(host, render(i));
     });
 
     await t.step("one runtime change applied to all at once: each runtime restarts exactly once", async () => {
@@ -752,13 +778,20 @@ Deno.test({
         all.map((i) => apply(host, render({ ...i, params: neverPull }), { deferRestart: leased.has(i.name) })),
       );
       reports.forEach(assertApplied);
+      // the restarts are queued, not awaited: counted once they are done (the leased ones still owe theirs)
+      const upAll = async (which: Instance[]) => {
+        for (const i of which) await waitUp(host, render({ ...i, params: neverPull }));
+      };
+      await upAll(all.filter((i) => !leased.has(i.name)));
       const mid = await runtimeStarts();
       const lease = await Promise.all(
         all.filter((i) => leased.has(i.name)).map((i) => apply(host, render({ ...i, params: neverPull }))),
       );
       lease.forEach(assertApplied);
-      // applied once more, as every resync may: nothing is owed any more
+      // applied once more at once, as a resync may while those restarts are under way: nothing is owed any more, and
+      // a restart queued and not done yet is not taken for a unit that went down
       const again = await Promise.all(all.map((i) => apply(host, render({ ...i, params: neverPull }))));
+      await upAll(all);
       const after = await runtimeStarts();
       console.log(
         "runtime restarts per instance (during the concurrent applies, after the leases ended):\n" +
@@ -775,7 +808,7 @@ Deno.test({
           assert.equal(mid[i.name] - before[i.name], 1, `${i.name}: restarted once by the concurrent applies`);
         }
         assert.equal(after[i.name] - before[i.name], 1, `${i.name}: restarted exactly once in all`);
-        assert.deepEqual([again[n].restarted, again[n].pending], [[], []], i.name);
+        assert.deepEqual([again[n].restarted, again[n].pending, again[n].started], [[], [], []], i.name);
       });
       all.forEach((i) => i.params = neverPull);
     });
@@ -805,6 +838,7 @@ Deno.test({
         `${r1.name}-runtime.service`,
         `${r1.name}-exporter.service`,
       ]]);
+      await waitUp(host, changed);
       assert.equal(await starts(host, `${r1.name}-runtime.service`), before + 1);
       const settled = await apply(host, changed);
       assert.deepEqual(settled.restarted, [], "restarted once, not on every apply");

@@ -90,10 +90,6 @@ Deno.test("applyScript: scripts/apply.sh as it is after a header of values, vali
   assert.equal(v.EXPORTER_UID, "65532");
   assert.equal(v.OWNER_RE, String.raw`# qemu-ssh\.jumpstarter\.dev\/owner: `);
   assert.equal((await headerValues(applyScript(rendered, { kvmRequired: false }))).KVM_REQUIRED, "0");
-  assert.equal(
-    (await headerValues(applyScript(rendered, { kvmRequired: false, settleSeconds: 3 }))).SETTLE_TICKS,
-    "15",
-  );
   assert.equal(v.KEEP_EXITED, "0", "exited exporters are restarted by default");
   assert.equal((await headerValues(applyScript(rendered, { kvmRequired: true, keepExited: true }))).KEEP_EXITED, "1");
   assert.doesNotMatch(s, /systemctl enable/, "generated units cannot be enabled; [Install] does it");
@@ -511,6 +507,8 @@ qsp sha256 /etc/containers/systemd/a-runtime.container ${"1".repeat(64)}
 qsp unit a-runtime.service loaded active running
 qsp unit a-exporter.service loaded failed failed
 qsp unit node-exporter.service loaded active running
+qsp job a-exporter.service start
+qsp job z-runtime.service stop
 qsp container a a-runtime running u-a
 qsp container d d-exporter exited u-d
 qsp volume jumpstarter-a-shared
@@ -544,7 +542,7 @@ qsp done
     ],
     ownerMismatch: false,
     runtime: { load: "loaded", active: "active", sub: "running" },
-    exporter: { load: "loaded", active: "failed", sub: "failed" },
+    exporter: { load: "loaded", active: "failed", sub: "failed", job: "start" },
     containers: [{ name: "a-runtime", state: "running", uid: "u-a" }],
     volume: true,
     diskVolume: true,

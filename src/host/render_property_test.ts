@@ -359,7 +359,7 @@ const withoutPayloads = (script: string) =>
 const applyOptions = fc.record({
   kvmRequired: fc.boolean(),
   keepExited: fc.boolean(),
-  settleSeconds: fc.oneof(fc.constant(undefined), fc.integer({ min: 0, max: 120 })),
+  deferRestart: fc.boolean(),
 }) as fc.Arbitrary<ApplyOptions>;
 
 /** Identities that are plain words, so every place the script puts them can be found and checked. */

@@ -162,7 +162,13 @@ export interface AppliedState {
   hash: string;
   at: number;
   host: string;
+  /** Both units active, as of the last apply or check. */
   ready: boolean;
+  /**
+   * Set while the units are on their way up (an apply queues their jobs and does not wait for them): since when (the
+   * apply's or inspection's start), checked closely until they are up (deploy.ts).
+   */
+  startingSince?: number;
   /** The exporter ended by itself and was left down (waiting for its lease to end, or for the back-off). */
   exited: boolean;
   /** Running units were left on an older definition because of a lease (or to roll one at a time). */

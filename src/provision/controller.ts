@@ -109,7 +109,14 @@ export class Controller {
     this.metrics.gauge("qemu_ssh_instances", "Instances per lab host and state, as last applied.", () => {
       const counts = new Map<string, number>();
       for (const a of this.ctx.applied.values()) {
-        const key = `${a.host}\n${a.exited ? "exited" : a.ready ? "ready" : "not-ready"}`;
+        const state = a.exited
+          ? "exited"
+          : a.ready
+          ? "ready"
+          : a.startingSince !== undefined
+          ? "starting"
+          : "not-ready";
+        const key = `${a.host}\n${state}`;
         counts.set(key, (counts.get(key) ?? 0) + 1);
       }
       return [...counts].map(([k, n]) => {

@@ -10,7 +10,7 @@ import { applyForFacts, type ApplyOutcome } from "../host/lab.ts";
 import { factsKey } from "../host/host_facts.ts";
 import type { InstanceParams } from "../host/instance_params.ts";
 import { decodeSecretValue, type LabTarget } from "./credentials.ts";
-import type { AppliedState, Context } from "./context.ts";
+import type { AppliedState, Context, ExporterFailures } from "./context.ts";
 import { driftSince } from "./host_checks.ts";
 import { leaseHolding, leaseState, onlineReport } from "./leases.ts";
 import { HOST_ANNOTATION, RECLAIM_ANNOTATION, wasDeployed } from "./marks.ts";
@@ -22,12 +22,18 @@ import { annotate, replaceLeftBehind } from "./writes.ts";
 
 const DEFAULT_CA_CONFIGMAP = { name: "jumpstarter-service-ca-cert", key: "ca.crt" };
 
-/** After a pending restart rolled, how soon the next one may: the apply already waited for the first to settle. */
+/**
+ * After a pending restart rolled, how soon the set is looked at again for the next; that one waits until no instance
+ * of the set is on its way up (the apply queues a restart and does not wait for it).
+ */
 export const ROLL_NEXT_MS = 5_000;
 
 export type Outdated = { name: string } & Waits;
 
-/** What the deploys of one reconcile share: pending restarts roll one at a time; what they report together. */
+/**
+ * What the deploys of one reconcile share: pending restarts roll one at a time, none while another instance is on its
+ * way up; what they report together.
+ */
 interface Turn {
   rolling: boolean;
   outdated: Outdated[];
@@ -59,7 +65,9 @@ export async function deployAll(
 ): Promise<Deployed> {
   const waiting = live.filter((e) => !e.status?.credential?.name || !e.status?.endpoint).map((e) => e.metadata.name!);
   const unseen: string[] = [];
-  const turn: Turn = { rolling: false, outdated: [], deployed: [] };
+  // the restart rolled last is not over while its units are on their way up
+  const rolling = live.some((e) => ctx.applied.get(e.metadata.uid!)?.startingSince !== undefined);
+  const turn: Turn = { rolling, outdated: [], deployed: [] };
   const { outdated } = turn;
   const results = await Promise.all(live.map(async (e) => {
     if (waiting.includes(e.metadata.name!)) return undefined;
@@ -162,12 +170,15 @@ async function deploy(
   const offline = offlineMarker(e);
   // a restart deferred under a lease that is over now is due, whatever else still matches
   const due = last?.pending === true && !holder;
-  if (last && !due && stillApplied(last, hashOf(rendered), offline)) {
+  if (last && !due && stillApplied(last, hashOf(rendered), offline, now)) {
+    if (onlineSince(e, last.startingSince)) return up(ctx, e, last, last.at, now);
     if (now - last.at < checkEveryMs(ctx, last, e, now)) return last;
     // due for its check on the host, which one inspection there answers for all instances of every set on it
     const checked = await driftSince(ctx, target, rendered, last.at);
     if (!checked.drift.length) {
-      const state = { ...last, at: checked.at };
+      if (!checked.starting.length) return up(ctx, e, last, checked.at, now);
+      // on its way up (again: systemd restarts an exporter that crashed): not ready, and looked at closely
+      const state = { ...last, at: checked.at, ready: false, startingSince: last.startingSince ?? checked.at };
       ctx.applied.set(e.metadata.uid!, state);
       return state;
     }
@@ -205,6 +216,8 @@ async function deploy(
     at: ctx.now().getTime(),
     host: target.host,
     ready: report.ready,
+    // the apply queues the units' jobs without waiting for them: one left on its way up is looked at again soon
+    startingSince: report.starting ? now : undefined,
     exited: report.exited,
     pending: report.restartPending,
     failing: trackFailures(ctx, e, report, last !== undefined, now),
@@ -232,26 +245,60 @@ async function deploy(
  */
 const FAST_CHECK_WINDOW_MS = 2 * 60_000;
 const FAST_CHECK_MS = 5_000;
+/**
+ * Units left on their way up (an apply queues their start and does not wait) are checked this often, so that the set
+ * reports them ready about as soon as they are; one inspection of the host answers for all its instances.
+ */
+const STARTING_CHECK_MS = 1_000;
+/**
+ * Units still on their way up this long after the apply are applied again, as any not ready were before: a start
+ * stuck in a restart loop is then reported, with systemd's restart count and the journal (trackFailures).
+ */
+const STARTING_REAPPLY_MS = 20_000;
 
 /**
- * How often the instance is checked on its host: every FAST_CHECK_MS in the window after a start until Jumpstarter
- * reports it Online (an inspection of its host answers for every instance there), else once per resync.
+ * How often the instance is checked on its host: every STARTING_CHECK_MS while its units are on their way up (every
+ * FAST_CHECK_MS if its exporter has been found down lately, which keeps a crash loop at the pace of a few seconds),
+ * every FAST_CHECK_MS in the window after a start until Jumpstarter reports it Online (an inspection of its host
+ * answers for every instance there), else once per resync.
  */
 function checkEveryMs(ctx: Context, last: AppliedState, e: Exporter, now: number): number {
+  if (last.startingSince !== undefined) {
+    return Math.min(ctx.exporterFailures.has(e.metadata.uid!) ? FAST_CHECK_MS : STARTING_CHECK_MS, ctx.resyncMs);
+  }
   const young = now - last.startedAt < FAST_CHECK_WINDOW_MS;
   return young && onlineReport(e) !== true ? Math.min(FAST_CHECK_MS, ctx.resyncMs) : ctx.resyncMs;
 }
 
-/** When the set's next fast check is due (Infinity: none is), for the reconciler's requeue. */
+/** When the set's next fast check (or re-apply of a start that did not come up) is due (Infinity: none is). */
 export function fastCheckInMs(ctx: Context, live: Exporter[]): number {
   const now = ctx.now().getTime();
   const due = live.map((e) => {
     const last = ctx.applied.get(e.metadata.uid!);
     if (!last) return Infinity;
     const every = checkEveryMs(ctx, last, e, now);
-    return every < ctx.resyncMs ? Math.max(1_000, last.at + every - now) : Infinity;
+    const next = Math.min(last.at + every, (last.startingSince ?? Infinity) + STARTING_REAPPLY_MS);
+    return every < ctx.resyncMs || last.startingSince !== undefined ? Math.max(1_000, next - now) : Infinity;
   });
   return Math.min(Infinity, ...due);
+}
+
+/**
+ * Jumpstarter saw the exporter come online since its units were found on their way up: they are up (the exporter
+ * runs in the runtime's network namespace and is bound to it), without a look at the host. An Online=True from before
+ * says nothing about this start. Transition times have whole seconds.
+ */
+function onlineSince(e: Exporter, starting: number | undefined): boolean {
+  const online = e.status?.conditions?.find((c) => c.type === "Online");
+  const since = Date.parse(online?.lastTransitionTime ?? "");
+  return starting !== undefined && online?.status === "True" && since >= Math.floor(starting / 1000) * 1000;
+}
+
+/** The instance's units are up: it is ready, as of `at`. */
+function up(ctx: Context, e: Exporter, last: AppliedState, at: number, now: number): AppliedState {
+  const state = { ...last, at, ready: true, startingSince: undefined, failing: stillFailing(ctx, e, now, last) };
+  ctx.applied.set(e.metadata.uid!, state);
+  return state;
 }
 
 /** Starts counted before the set reports the exporter as failing; systemd's own restarts after crashes count too. */
@@ -280,10 +327,7 @@ function trackFailures(
     f = { count, at: now, nextAt: now + Math.min(BACKOFF_FIRST_MS * 2 ** (count - 1), BACKOFF_MAX_MS) };
     ctx.exporterFailures.set(uid, f);
     ctx.log.warn("exporter was down, started it again", { exporter: e.metadata.name, times: count });
-  } else if (f && report.ready && now - f.at > HEALTHY_AFTER_MS) {
-    ctx.exporterFailures.delete(uid);
-    f = undefined;
-  }
+  } else if (report.ready) f = forgetIfHealthy(ctx, uid, now);
   // systemd's count also grows with every reload an exporter does by restarting (SIGHUP makes `jmp run` exit), so it
   // says "failing" only while the exporter is down
   const times = Math.max(f?.count ?? 0, report.ready ? 0 : report.exporterRestarts);
@@ -293,15 +337,30 @@ function trackFailures(
     `back-off (journalctl -u ${e.metadata.name}-exporter on the host)${lines}`;
 }
 
+/** Forgets the exporter's failures once it has been up long enough since the last; returns those that remain. */
+function forgetIfHealthy(ctx: Context, uid: string, now: number): ExporterFailures | undefined {
+  const f = ctx.exporterFailures.get(uid);
+  if (f && now - f.at > HEALTHY_AFTER_MS) ctx.exporterFailures.delete(uid);
+  return ctx.exporterFailures.get(uid);
+}
+
+/** An exporter found up: still failing only by the count of its starts (its restarts by systemd are over). */
+function stillFailing(ctx: Context, e: Exporter, now: number, last: AppliedState): string | undefined {
+  return (forgetIfHealthy(ctx, e.metadata.uid!, now)?.count ?? 0) >= FAILING_AFTER ? last.failing : undefined;
+}
+
 /**
  * Whether the last apply still describes what should be on the host, so this reconcile need not apply: same content,
- * found healthy, and Jumpstarter has not reported the exporter gone since. That report is the prompt sign of an
- * exporter that exited after its lease (ExitAndReplace) or crashed; it is acted on once per report, so an exporter
- * that stays offline for other reasons (it cannot reach Jumpstarter) is not re-applied on every event. Whether the
+ * found healthy or on its way up (for up to STARTING_REAPPLY_MS), and Jumpstarter has not reported the exporter gone
+ * since. That report is the prompt sign of an exporter that exited after its lease (ExitAndReplace) or crashed; it is
+ * acted on once per report, so an exporter that stays offline for other reasons (it cannot reach Jumpstarter) is not
+ * re-applied on every event. Whether the
  * host still matches is the resync check's question (host_checks.ts).
  */
-function stillApplied(last: AppliedState, hash: string, offline: string | undefined): boolean {
-  return last.hash === hash && last.ready && (offline === undefined || offline === last.offline);
+function stillApplied(last: AppliedState, hash: string, offline: string | undefined, now: number): boolean {
+  const upOrStarting = last.ready ||
+    (last.startingSince !== undefined && now - last.startingSince < STARTING_REAPPLY_MS);
+  return last.hash === hash && upOrStarting && (offline === undefined || offline === last.offline);
 }
 
 /** Jumpstarter's current "offline" report on the Exporter, as a value that changes with each new report. */

@@ -4,7 +4,7 @@
  * command per resync, however many instances it runs.
  */
 import { createHash } from "node:crypto";
-import { drift } from "../host/drift.ts";
+import { drift, starting } from "../host/drift.ts";
 import type { RenderedInstance } from "../host/render.ts";
 import type { LabTarget } from "./credentials.ts";
 import type { Context, HostCheck } from "./context.ts";
@@ -28,16 +28,17 @@ export function inspectHost(ctx: Context, target: LabTarget, since: number): Hos
 }
 
 /**
- * How the instance differs on its host from `r` (see drift), by an inspection begun after `since`. Facts of the host
- * that differ from those `r` was rendered for count too (its kvm group or Podman changed): the inspection's facts are
- * remembered, and the apply that follows renders for them.
+ * How the instance differs on its host from `r` (see drift), and which of its units are still on their way up
+ * (starting), by an inspection begun after `since`. Facts of the host that differ from those `r` was rendered for
+ * count too (its kvm group or Podman changed): the inspection's facts are remembered, and the apply that follows
+ * renders for them.
  */
 export async function driftSince(
   ctx: Context,
   target: LabTarget,
   r: RenderedInstance,
   since: number,
-): Promise<{ at: number; drift: string[] }> {
+): Promise<{ at: number; drift: string[]; starting: string[] }> {
   const check = inspectHost(ctx, target, since);
   const inspection = await check.inspection;
   const found = inspection.instances.find((i) => i.name === r.name);
@@ -47,7 +48,7 @@ export async function driftSince(
     const [was, now] = [factsWire(r.facts), factsWire(inspection.facts)];
     if (was !== now) differs.push(`host facts: rendered for ${was}, the host is ${now}`);
   }
-  return { at: check.at, drift: differs };
+  return { at: check.at, drift: differs, starting: starting(r, found) };
 }
 
 /** Drops inspections begun before `before`, older than any caller takes, so hosts no longer used are not kept. */

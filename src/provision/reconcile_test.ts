@@ -235,6 +235,103 @@ Deno.test("reconcile: each resync, one inspection of the host checks every insta
   assert.deepEqual(since(), [`inspect ${HOST}`], "asked for a fresh look, it inspects");
 });
 
+Deno.test("reconcile: units left starting by the apply are ready once an inspection finds them up, not re-applied", async () => {
+  const w = new World();
+  w.hosts.startLooks.set(HOST, 1);
+  const [a, b] = await w.deployed();
+  const [na, nb] = [a.metadata.name!, b.metadata.name!];
+  let s = w.set.status!;
+  assert.deepEqual([s.readyReplicas, s.exportersOffline], [0, 0], "starting: not ready, not offline");
+  assert.equal(condition(w.set, "Degraded")?.status, "False");
+  assert.equal(condition(w.set, "Progressing")?.reason, "ReplicasNotReady");
+  let seen = w.hosts.calls.length;
+  const since = () => w.hosts.calls.slice(seen);
+  const out = await w.reconcile();
+  assert.deepEqual(since(), [], "not looked at again within the second");
+  assert.ok(out.requeueAfterMs! <= 1_000, `looked at again within a second: ${out.requeueAfterMs}`);
+  w.advance(1_000);
+  await w.reconcile();
+  assert.deepEqual(since(), [`inspect ${HOST}`], "one inspection for both, still activating, no apply");
+  assert.equal(w.set.status?.readyReplicas, 0);
+  seen = w.hosts.calls.length;
+  w.advance(1_000);
+  const later = await w.reconcile();
+  assert.deepEqual(since(), [`inspect ${HOST}`]);
+  s = w.set.status!;
+  assert.deepEqual([s.readyReplicas, s.availableReplicas], [2, 2], "ready once found active");
+  assert.equal(condition(w.set, "Progressing")?.reason, "AllReplicasReady");
+  assert.deepEqual([w.applies(na), w.applies(nb)], [1, 1], "applied once each");
+  assert.ok(later.requeueAfterMs! >= 5_000 - 1_000, `ready: back to the fast-check cadence: ${later.requeueAfterMs}`);
+});
+
+Deno.test("reconcile: Jumpstarter's Online since the start is evidence of ready; an older Online is not", async () => {
+  const w = new World();
+  w.hosts.startLooks.set(HOST, 1_000);
+  const [a, b] = await w.deployed();
+  const start = w.clock.toISOString();
+  w.advance(500);
+  w.patchExporterStatus(a.metadata.name!, {
+    conditions: [{ type: "Online", status: "True", reason: "Online", message: "", lastTransitionTime: start }],
+  });
+  const stale = new Date(w.clock.getTime() - 60_000).toISOString();
+  w.patchExporterStatus(b.metadata.name!, {
+    conditions: [{ type: "Online", status: "True", reason: "Online", message: "", lastTransitionTime: stale }],
+  });
+  const seen = w.hosts.calls.length;
+  await w.reconcile();
+  assert.deepEqual(w.hosts.calls.slice(seen), [], "no look at the host for it");
+  assert.equal(w.set.status?.readyReplicas, 1, `only ${a.metadata.name}: ${JSON.stringify(w.set.status)}`);
+});
+
+Deno.test("reconcile: units still starting after 20 s are applied again, checked each second until then", async () => {
+  const w = new World();
+  w.hosts.startLooks.set(HOST, 1_000);
+  const [a] = await w.deployed();
+  const name = a.metadata.name!;
+  const seen = w.hosts.calls.length;
+  for (let s = 1; s < 20; s++) {
+    w.advance(1_000);
+    await w.reconcile();
+  }
+  assert.equal(w.applies(name), 1, "not applied again while starting");
+  assert.deepEqual(new Set(w.hosts.calls.slice(seen)), new Set([`inspect ${HOST}`]));
+  assert.equal(w.hosts.calls.length - seen, 19, "one inspection a second for both instances");
+  w.advance(1_000);
+  const out = await w.reconcile();
+  assert.equal(w.applies(name), 2, "applied again: its report has systemd's restarts and the journal");
+  assert.ok(out.requeueAfterMs! <= 1_000);
+  assert.equal(w.hosts.instance(HOST, name)!.starts, 1, "the apply finds it activating and starts nothing");
+});
+
+Deno.test("reconcile: a unit found down while starting is applied again, then checked at the crash-loop pace", async () => {
+  const w = new World();
+  w.hosts.startLooks.set(HOST, 1);
+  const [a] = await w.deployed();
+  const name = a.metadata.name!;
+  w.hosts.exit(HOST, name);
+  w.advance(1_000);
+  const out = await w.reconcile();
+  assert.equal(w.applies(name), 2, "inactive is drift: applied again");
+  assert.equal(w.hosts.instance(HOST, name)!.starts, 2);
+  assert.equal(w.ctx.exporterFailures.get(a.metadata.uid!)?.count, 1, "counted for the back-off");
+  assert.ok(out.requeueAfterMs! <= 1_000, "the other instance is still looked at each second");
+  const seen = w.hosts.calls.length;
+  w.advance(1_000);
+  const next = await w.reconcile();
+  assert.equal(w.set.status?.readyReplicas, 1, "the other one came up");
+  assert.ok(
+    next.requeueAfterMs! >= 3_000,
+    `the restarted one is looked at 5 s after its apply: ${next.requeueAfterMs}`,
+  );
+  w.advance(next.requeueAfterMs!);
+  await w.reconcile();
+  assert.equal(w.set.status?.readyReplicas, 1, "found activating still");
+  w.advance(5_000);
+  await w.reconcile();
+  assert.equal(w.set.status?.readyReplicas, 2);
+  assert.equal(w.hosts.calls.slice(seen).filter((c) => c.startsWith("apply")).length, 0, "never applied meanwhile");
+});
+
 Deno.test("reconcile: files are rendered for the host's facts: two applies on first contact, one after", async () => {
   const w = new World();
   w.hosts.facts.set(HOST, { podman: "5.4.2", kvm: { mode: 0o660, gid: 993 } });
@@ -723,6 +820,28 @@ Deno.test("reconcile: pending restarts roll one instance at a time once their le
   await w.reconcile();
   assert.deepEqual(starts(), [2, 2]);
   assert.equal(w.set.status?.updatedReplicas, w.set.status?.replicas);
+});
+
+Deno.test("reconcile: the next pending restart rolls only once the one before is up", async () => {
+  const w = new World({ recycleStrategy: "InPlaceReuse" });
+  const [a, b] = await w.deployed();
+  for (const e of [a, b]) w.patchExporterStatus(e.metadata.name!, { leaseRef: { name: `l-${e.metadata.name}` } });
+  await w.reconcile();
+  w.updateSpec({ images: { runtime: { imagePullPolicy: "Always" } } });
+  await w.reconcile();
+  w.hosts.startLooks.set(HOST, 1);
+  for (const e of [a, b]) w.patchExporterStatus(e.metadata.name!, { leaseRef: undefined });
+  await w.reconcile();
+  const starts = () => [a, b].map((e) => w.hosts.instance(HOST, e.metadata.name!)!.starts).sort();
+  assert.deepEqual(starts(), [1, 2], "one restarted");
+  w.advance(1_000);
+  await w.reconcile();
+  assert.deepEqual(starts(), [1, 2], "its units still activating: the other waits");
+  w.advance(1_000);
+  await w.reconcile();
+  assert.deepEqual(starts(), [1, 2], "found up in this reconcile: the other rolls at the next");
+  await w.reconcile();
+  assert.deepEqual(starts(), [2, 2]);
 });
 
 Deno.test("reconcile: a new host-key pin in the namespace re-applies no instance (M7)", async () => {

@@ -132,6 +132,7 @@ export async function reconcile(ctx: Context, key: string): Promise<Outcome> {
     leased: views[i].leased,
     // never looked at by this process (it restarted) and not reachable now: Jumpstarter's word
     ready: lastKnown(ctx, states, e.metadata.uid!)?.ready ?? onlineReport(e) === true,
+    starting: lastKnown(ctx, states, e.metadata.uid!)?.startingSince !== undefined,
     online: onlineReport(e),
     unseen: unseen.includes(e.metadata.name!),
     waitsFor: outdated.find((o) => o.name === e.metadata.name),

@@ -11,6 +11,8 @@ export interface ExporterState {
   leased: boolean;
   /** Both units active on the host, as of the last apply or inspect. */
   ready: boolean;
+  /** Not ready yet, nothing down: its units are on their way up (not offline, not a problem). */
+  starting?: boolean;
   /** Jumpstarter's own view: true = online, false = reported offline, undefined = not reported yet. */
   online?: boolean;
   /** Its host could not be looked at now: `ready` is as last seen. */
@@ -61,7 +63,9 @@ export function computeStatus(i: StatusInput): ExporterSetStatus {
   const ready = ex.filter((e) => e.ready && e.online !== false);
   const leased = ex.filter((e) => e.leased);
   const available = ready.filter((e) => e.enabled && !e.leased);
-  const offline = ex.filter((e) => e.online === false || (!e.ready && !i.waitingForCredentials.includes(e.name)));
+  const offline = ex.filter((e) =>
+    e.online === false || (!e.ready && !e.starting && !i.waitingForCredentials.includes(e.name))
+  );
   const outdated = ex.filter((e) => e.waitsFor);
   const unseen = ex.filter((e) => e.unseen);
   const status: ExporterSetStatus = {

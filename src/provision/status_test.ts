@@ -42,6 +42,23 @@ Deno.test("status: waiting for credentials is progress, not degradation", () => 
   assert.equal(cond(s, "Available").status, "False");
 });
 
+Deno.test("status: units on their way up are progress, not ready and not offline", () => {
+  const s = computeStatus({
+    ...base,
+    exporters: [{ name: "e1", enabled: true, leased: false, ready: false, starting: true }],
+  });
+  assert.deepEqual([s.readyReplicas, s.availableReplicas, s.exportersOffline], [0, 0, 0]);
+  assert.equal(cond(s, "Progressing").reason, "ReplicasNotReady");
+  assert.equal(cond(s, "Degraded").status, "False");
+  assert.equal(cond(s, "Available").status, "False");
+  // Jumpstarter's word that it is offline still counts
+  const reported = computeStatus({
+    ...base,
+    exporters: [{ name: "e1", enabled: true, leased: false, ready: false, starting: true, online: false }],
+  });
+  assert.equal(reported.exportersOffline, 1);
+});
+
 Deno.test("status: problems and the max cap are reported with actionable messages", () => {
   const s = computeStatus({
     ...base,

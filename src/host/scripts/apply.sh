@@ -1,8 +1,8 @@
 # apply: makes the host run one instance, idempotently (remote.ts applyScript). After lib.sh; the header sets NAME,
 # UID_, NAMESPACE, CONTROLLER, RT, EX (units), RTQ, EXQ (their quadlets), VOLUME, DISK, IMG, DISK_BYTES, DISK_MIB,
 # PENDING, RENDERED_FACTS (the host facts the files were rendered for), KVM_REQUIRED, KVM_DENIED_MODE, KVM_GID,
-# DEVICES (one a line), KEEP_EXITED, DEFER_RESTART, SETTLE_TICKS, and FILES: one line per file, KIND SECRET MODE
-# OWNER SHA256 BASE64 PATH LINK..., KIND runtime, exporter or config (which units a change affects), SECRET 1 or 0;
+# DEVICES (one a line), KEEP_EXITED, DEFER_RESTART, and FILES: one line per file, KIND SECRET MODE OWNER SHA256
+# BASE64 PATH LINK..., KIND runtime, exporter or config (which units a change affects), SECRET 1 or 0;
 # STAGE_SCRIPT, STAGE_HASH, STAGE_SH: where the host keeps remote.ts STAGE_SCRIPT_TEXT, its sha256 and its base64.
 
 # FN: FN for each file of FILES, with its fields in f_kind, f_secret, f_mode, f_owner, f_hash, f_content, f_path and
@@ -53,6 +53,13 @@ generated() {
 running() {
   unit "$1"
   case "$active" in active | activating | reloading) return 0 ;; esac
+  return 1
+}
+# UNIT: a start or restart job is queued for UNIT and not done yet (the apply queues them and does not wait)
+start_queued() {
+  case " $(systemctl list-jobs --no-legend "$1" 2>/dev/null | tr '\n' ' ') " in
+  *" start "* | *" restart "*) return 0 ;;
+  esac
   return 1
 }
 # UNIT: remember on the host which definition UNIT was (re)started with, once its job is queued. Written after the
@@ -314,8 +321,8 @@ if [ -n "$restart" ] && [ "$DEFER_RESTART" = 1 ]; then
 fi
 if [ -n "$restart" ]; then
   # One transaction, so the exporter (BindsTo the runtime) restarts once, after the runtime. Queued, not awaited: a
-  # pull in ExecStartPre can take minutes, and the host lock is held until here; settle waits for the jobs. With /disk
-  # to grow: a stop, the offline resize, then the queued start. $restart: unit names, which have no blanks.
+  # pull in ExecStartPre can take minutes, and the host lock is held until here. With /disk to grow: a stop, the
+  # offline resize, then the queued start. $restart: unit names, which have no blanks.
   if [ "$(stat -c %s "$IMG")" -lt "$DISK_BYTES" ]; then
     # shellcheck disable=SC2086
     systemctl stop $restart
@@ -369,6 +376,8 @@ for u in "$RT" "$EX"; do
   case "$active" in
   active | activating | reloading) ;;
   *)
+    # an earlier apply's start or restart still under way (a restart passes through deactivating): not down
+    if start_queued "$u"; then continue; fi
     # a unit that hit its start limit refuses to start until reset
     if [ "$active" = failed ]; then systemctl reset-failed "$u"; fi
     systemctl start --no-block "$u"
@@ -378,31 +387,25 @@ for u in "$RT" "$EX"; do
     ;;
   esac
 done
-# every job is queued and every record written: other scripts may go on while this one waits for its units
+# every job is queued and every record written: other scripts may go on while this one reports
 unlock_host
 
-step=settle
-# wait (bounded) for the start jobs, so the report says running or failed rather than "starting"
-i=0
-while [ "$i" -lt "$SETTLE_TICKS" ]; do
-  busy=$(systemctl list-jobs --no-legend "$RT" "$EX" 2>/dev/null || true)
-  for u in "$RT" "$EX"; do
-    unit "$u"
-    case "$active/$sub" in
-    activating/auto-restart*) ;;
-    activating/* | deactivating/* | reloading/*) busy=yes ;;
-    esac
-  done
-  if [ -z "$busy" ]; then break; fi
-  sleep 0.2
-  i=$((i + 1))
-done
+step=report
+# The units as they are now, their jobs queued, not awaited: a start often still reads "activating". The controller
+# learns that they came up from a later inspection of the host or from Jumpstarter, without holding this channel.
 for u in "$RT" "$EX"; do
   unit "$u"
   say state "$u" "$active" "$sub" "$restarts"
 done
-# why an exporter is down, restarting or had to be started again, for the set's status: what a person reads first
-if [ "$active" != active ] || [ "${restarts:-0}" != 0 ] || [ "$ex_started" = 1 ]; then
+# why an exporter is down, restarting or had to be started again, for the set's status: what a person reads first.
+# One whose start or restart this apply just queued is not down, whatever it reads while the job waits.
+case " $restart " in *" $EX "*) queued=1 ;; *) queued=$ex_started ;; esac
+case "$active/$sub" in
+activating/auto-restart*) down=1 ;;
+active/* | activating/* | deactivating/* | reloading/*) down=0 ;;
+*) down=$((1 - queued)) ;;
+esac
+if [ "$down" = 1 ] || [ "${restarts:-0}" != 0 ] || [ "$ex_started" = 1 ]; then
   journalctl -u "$EX" -n "$JOURNAL_LINES" -o cat --no-pager 2>/dev/null |
     while IFS= read -r l; do say journal "$l"; done
 fi

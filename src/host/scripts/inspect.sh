@@ -51,6 +51,9 @@ fi
 step=units
 systemctl list-units --all --plain --no-legend --no-pager '*-runtime.service' '*-exporter.service' 2>/dev/null |
   while read -r u load active sub _description; do say unit "$u" "$load" "$active" "$sub"; done
+# a unit whose start job waits (on the runtime's, or behind a pull) still reads inactive: it is starting, not down
+systemctl list-jobs --no-legend --no-pager '*-runtime.service' '*-exporter.service' 2>/dev/null |
+  while read -r _id u type _state; do say job "$u" "$type"; done
 
 step=records
 # what each unit was started with, and what systemd has loaded for it (quadlet units are generated there): a running
