@@ -314,6 +314,37 @@ Deno.test("inspectScript: scripts/inspect.sh after the constants, valid sh", asy
   assert.ok(s.startsWith("# inspect\n") && s.endsWith(LIB_SH + INSPECT_SH));
 });
 
+Deno.test("coalesced daemon-reload, under dash and bash: a reload that began after a script's writes covers them", async () => {
+  for (const shell of SHELLS) {
+    const dir = await Deno.makeTempDir();
+    try {
+      // each call is one script's turn: its gen (after its writes), then its reload; systemctl records the reloads
+      const s = withValues(removeScript("pool-x7k2p"), LIB_SH, { RUN_DIR: dir, HOST_LOCK: `${dir}/lock` });
+      const turn = async (steps: string) => {
+        const out = await runShell(shell, `${definitions(s)}${recorder(["systemctl"])}${steps}\n`);
+        assert.equal(out.code, 0, `${shell}: ${out.stderr}`);
+        return out.stdout;
+      };
+      // A and B wrote (gens 1 and 2); B's reload reads gen 2 and covers A's writes as well as its own
+      await turn("reload_owed");
+      const b = await turn("reload_owed; reload_systemd");
+      assert.deepEqual(records(b), [["systemctl", "daemon-reload"]], shell);
+      assert.match(b, /qsp reloaded\n$/);
+      const a = await turn("my_gen=1; reload_systemd");
+      assert.deepEqual([records(a), a], [[], ""], `${shell}: A's writes were covered`);
+      // C wrote after that reload: it reloads again
+      const c = await turn("reload_owed; reload_systemd");
+      assert.deepEqual(records(c), [["systemctl", "daemon-reload"]], shell);
+      assert.deepEqual(
+        [await Deno.readTextFile(`${dir}/reload-gen`), await Deno.readTextFile(`${dir}/reloaded-gen`)],
+        ["3\n", "3\n"],
+      );
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  }
+});
+
 Deno.test("the host lock, under dash and bash: a script refuses with host-busy while another holds it", async () => {
   for (const shell of SHELLS) {
     const dir = await Deno.makeTempDir();
