@@ -233,18 +233,28 @@ Deno.test("make_volume, under dash and bash: labelled with the owner, the contro
 
 /**
  * The remove script run in a temporary root: its paths moved there, systemctl a fake that knows no unit, podman a
- * fake whose volumes are files (`vol-NAME` holding its uid label).
+ * fake whose volumes are files (`vol-NAME` holding its uid label; inspect prints the ones there, exit 125 if one is
+ * not, as podman does).
  */
 async function removeInRoot(shell: string, dir: string, uid?: string, wait = "60") {
   const s = removeScript("pool-x7k2p", uid === undefined ? {} : { uid });
   const v = await headerValues(s);
   const moved = (p: string) => `${dir}${p}`;
   const fakes = `systemctl() { if [ "$1" = show ]; then echo LoadState=not-found; fi; }
+vols=${shQuote(dir)}
 podman() {
   case "$1 $2" in
   "container exists") return 1 ;;
-  "volume inspect") cat ${shQuote(dir)}/vol-"$5" 2>/dev/null || return 125 ;;
-  "volume rm") rm ${shQuote(dir)}/vol-"$4" ;;
+  "volume inspect")
+    shift 4
+    rc=0
+    for v in "$@"; do
+      if [ -e "$vols/vol-$v" ]; then echo "$v $(cat "$vols/vol-$v")"; else rc=125; fi
+    done
+    return $rc ;;
+  "volume rm")
+    shift 3
+    for v in "$@"; do rm "$vols/vol-$v"; done ;;
   esac
 }
 `;

@@ -82,8 +82,8 @@ unlock_host() { exec 9>&-; }
 # than queue N. Each bumps a generation counter after its writes (reload_owed, under the host lock, so no bump is
 # lost and none precedes its writes) and then calls reload_systemd without the host lock: a reload that read the
 # counter at or past its generation began after its writes and covers them. Scripts wait on a lock of their own.
-# An apply holds a shared lock on RUN_DIR/writers from its start until it has written and bumped (writing, written):
-# a reload waits (bounded) for those, so applies that arrive together share it; a killed script's lock goes with it.
+# A script holds a shared lock on RUN_DIR/writers from its host lock until it has written and bumped (writing,
+# written): a reload waits (bounded) for those, so scripts that arrive together share it; a killed one's lock goes.
 writing() {
   mkdir -p "$RUN_DIR"
   exec 7>>"$RUN_DIR/writers"
