@@ -245,6 +245,7 @@ export type ErrorCode =
   | "podman-too-old"
   | "not-owned"
   | "owner-conflict"
+  | "removed-meanwhile"
   | "unit-missing"
   | "unit-shadowed"
   | "facts-changed"

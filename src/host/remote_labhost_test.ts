@@ -681,6 +681,15 @@ for (const { suffix, net, podman, shell } of VARIANTS) {
       });
 
       await t.step("remove leaves nothing behind, and removing again is fine", async () => {
+        // containers left behind by units that stopped without their ExecStopPost: the exporter in the runtime's
+        // network namespace, so that podman refuses the runtime while the exporter is there
+        const img = params.images.exporter.image;
+        await sh(
+          host,
+          "systemctl stop pool-b1-exporter pool-b1-runtime && " +
+            `podman create --name pool-b1-runtime ${img} sleep 600 >/dev/null && ` +
+            `podman create --name pool-b1-exporter --network container:pool-b1-runtime ${img} sleep 600 >/dev/null`,
+        );
         for (const name of ["pool-a1", "pool-b1", "pool-c1", "pool-d1"]) {
           const t0 = performance.now();
           const out = await runScript(host, removeScript(name));
@@ -689,6 +698,12 @@ for (const { suffix, net, podman, shell } of VARIANTS) {
           assert.ok(report.ok, JSON.stringify(report.errors));
           assert.equal(report.reloaded, true);
           assert.ok(report.removed.some((r) => r.kind === "volume"));
+          if (name === "pool-b1") {
+            assert.deepEqual(report.removed.filter((r) => r.kind === "container").map((r) => r.name).sort(), [
+              "pool-b1-exporter",
+              "pool-b1-runtime",
+            ]);
+          }
           // the disk's image before its volume
           assert.deepEqual(report.removed.filter((r) => r.name.includes("-disk") || r.name.endsWith(".img")), [
             { kind: "file", name: `/var/lib/qemu-ssh.jumpstarter.dev/disks/${name}.img` },
@@ -734,6 +749,13 @@ async function starts(host: LabHost, unit: string): Promise<number> {
   return out.split("\n").filter((l) => l.trim()).length;
 }
 
+/** How many daemon-reloads systemd has done so far, from its journal (one "Reloading finished" line each). */
+async function reloads(host: LabHost): Promise<number> {
+  await sh(host, "journalctl --sync");
+  const out = await sh(host, "journalctl -o cat --no-pager _PID=1 | grep -c '^Reloading finished' || true");
+  return Number(out.trim());
+}
+
 const { net } = VARIANTS[0];
 
 Deno.test({
@@ -774,10 +796,15 @@ Deno.test({
 
     await t.step("one runtime change applied to all at once: each runtime restarts exactly once", async () => {
       const before = await runtimeStarts();
+      const reloadsBefore = await reloads(host);
       const reports = await Promise.all(
         all.map((i) => apply(host, render({ ...i, params: neverPull }), { deferRestart: leased.has(i.name) })),
       );
       reports.forEach(assertApplied);
+      // every runtime quadlet changed; the applies at once share daemon-reloads (lib.sh reload_systemd)
+      const reloaded = (await reloads(host)) - reloadsBefore;
+      console.log(`daemon-reloads for ${all.length} applies at once: ${reloaded}`);
+      assert.ok(reloaded >= 1 && reloaded < all.length, `${reloaded} daemon-reloads for ${all.length} applies`);
       // the restarts are queued, not awaited: counted once they are done (the leased ones still owe theirs)
       const upAll = async (which: Instance[]) => {
         for (const i of which) await waitUp(host, render({ ...i, params: neverPull }));
@@ -863,6 +890,20 @@ Deno.test({
       await sh(host, `touch ${release}`);
       await holder;
       assertApplied(await apply(host, render(all[1])));
+    });
+
+    await t.step("7 removes at once on one host: each stops its units and takes everything of its own", async () => {
+      const reloadsBefore = await reloads(host);
+      const outs = await Promise.all(all.map((i) => runScript(host, removeScript(i.name, { uid: i.uid }))));
+      outs.forEach((out, n) => {
+        const report = parseRemoveOutput(out.stdout, out.stderr, out.code);
+        assert.ok(report.ok, `${all[n].name}: ${JSON.stringify(report.errors)} ${out.stderr}`);
+        assert.deepEqual(report.stopped.sort(), [`${all[n].name}-exporter.service`, `${all[n].name}-runtime.service`]);
+      });
+      console.log(`daemon-reloads for ${all.length} removes at once: ${(await reloads(host)) - reloadsBefore}`);
+      assert.equal(await sh(host, "systemctl list-units --all --no-legend 'pool-r[1-7]-*'"), "");
+      assert.equal(await sh(host, "podman ps -a --format '{{.Names}}' | grep '^pool-r[1-7]-' || true"), "");
+      assert.equal(await sh(host, "podman volume ls -q | grep '^jumpstarter-pool-r[1-7]-' || true"), "");
     });
   } finally {
     await stopLabHosts(net);

@@ -258,18 +258,28 @@ Deno.test("make_volume, under dash and bash: labelled with the owner, the contro
 
 /**
  * The remove script run in a temporary root: its paths moved there, systemctl a fake that knows no unit, podman a
- * fake whose volumes are files (`vol-NAME` holding its uid label).
+ * fake whose volumes are files (`vol-NAME` holding its uid label; inspect prints the ones there, exit 125 if one is
+ * not, as podman does).
  */
 async function removeInRoot(shell: string, dir: string, uid?: string, wait = "60") {
   const s = removeScript("pool-x7k2p", uid === undefined ? {} : { uid });
   const v = await headerValues(s);
   const moved = (p: string) => `${dir}${p}`;
   const fakes = `systemctl() { if [ "$1" = show ]; then echo LoadState=not-found; fi; }
+vols=${shQuote(dir)}
 podman() {
   case "$1 $2" in
   "container exists") return 1 ;;
-  "volume inspect") cat ${shQuote(dir)}/vol-"$5" 2>/dev/null || return 125 ;;
-  "volume rm") rm ${shQuote(dir)}/vol-"$4" ;;
+  "volume inspect")
+    shift 4
+    rc=0
+    for v in "$@"; do
+      if [ -e "$vols/vol-$v" ]; then echo "$v $(cat "$vols/vol-$v")"; else rc=125; fi
+    done
+    return $rc ;;
+  "volume rm")
+    shift 3
+    for v in "$@"; do rm "$vols/vol-$v"; done ;;
   esac
 }
 `;
@@ -337,6 +347,37 @@ Deno.test("inspectScript: scripts/inspect.sh after the constants, valid sh", asy
   const s = inspectScript();
   await assertParses(s);
   assert.ok(s.startsWith("# inspect\n") && s.endsWith(LIB_SH + INSPECT_SH));
+});
+
+Deno.test("coalesced daemon-reload, under dash and bash: a reload that began after a script's writes covers them", async () => {
+  for (const shell of SHELLS) {
+    const dir = await Deno.makeTempDir();
+    try {
+      // each call is one script's turn: its gen (after its writes), then its reload; systemctl records the reloads
+      const s = withValues(removeScript("pool-x7k2p"), LIB_SH, { RUN_DIR: dir, HOST_LOCK: `${dir}/lock` });
+      const turn = async (steps: string) => {
+        const out = await runShell(shell, `${definitions(s)}${recorder(["systemctl"])}${steps}\n`);
+        assert.equal(out.code, 0, `${shell}: ${out.stderr}`);
+        return out.stdout;
+      };
+      // A and B wrote (gens 1 and 2); B's reload reads gen 2 and covers A's writes as well as its own
+      await turn("reload_owed");
+      const b = await turn("reload_owed; reload_systemd");
+      assert.deepEqual(records(b), [["systemctl", "daemon-reload"]], shell);
+      assert.match(b, /qsp reloaded\n$/);
+      const a = await turn("my_gen=1; reload_systemd");
+      assert.deepEqual([records(a), a], [[], ""], `${shell}: A's writes were covered`);
+      // C wrote after that reload: it reloads again
+      const c = await turn("reload_owed; reload_systemd");
+      assert.deepEqual(records(c), [["systemctl", "daemon-reload"]], shell);
+      assert.deepEqual(
+        [await Deno.readTextFile(`${dir}/reload-gen`), await Deno.readTextFile(`${dir}/reloaded-gen`)],
+        ["3\n", "3\n"],
+      );
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  }
 });
 
 Deno.test("the host lock, under dash and bash: a script refuses with host-busy while another holds it", async () => {

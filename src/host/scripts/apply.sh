@@ -91,6 +91,12 @@ check_paths() {
   check_owner "$f_path" "$UID_"
   for l in $f_links; do check_owner "$l" "$UID_"; done
 }
+check_present() {
+  for p in "$f_path" $f_links; do
+    if [ ! -e "$p" ]; then err "removed-meanwhile $p was removed while this apply waited for daemon-reload"; fi
+  done
+  check_paths
+}
 # the directory a non-root owner's file lives in is that owner's too: the container mounts it to reach the file
 make_dirs() {
   for p in "$f_path" $f_links; do
@@ -184,6 +190,7 @@ fi
 refuse_if_errors
 
 step=lock
+writing
 lock_host
 
 step=ownership
@@ -208,6 +215,29 @@ step=stage-script
 # of this instance and restarts nothing. Under the lock, as the applies of other instances write it too.
 (umask 022 && mkdir -p "${STAGE_SCRIPT%/*}")
 replace "$STAGE_SCRIPT" 755 0 "$STAGE_HASH" "$STAGE_SH"
+
+step=daemon-reload
+# Reload when a quadlet changed, and when systemd has not caught up with one (an earlier apply died before it). Right
+# after the writes (the generator needs no volume), so that applies at once hold the host lock only briefly before it
+# and reach the reload together.
+reload=0
+if [ "$rt_changed$ex_changed" != 00 ]; then reload=1; fi
+for u in "$RT" "$EX"; do
+  unit "$u"
+  if [ "$load" != loaded ] || [ "$need_reload" != no ]; then reload=1; fi
+done
+if [ "$reload" = 1 ]; then reload_owed; fi
+written
+if [ "$reload" = 1 ]; then
+  unlock_host
+  reload_systemd
+  lock_host
+  # A remove may have run while the lock was free: go on only with every file still there and ours, else a unit
+  # would be started without its quadlet, config or volumes.
+  step=ownership
+  each_file check_present
+  refuse_if_errors
+fi
 
 step=volume
 # Owned by the exporter's uid, as an emptyDir is writable by the pod's users: the exporter keeps QEMU's sockets and
@@ -240,19 +270,6 @@ elif [ "$(stat -c %s "$IMG")" -lt "$DISK_BYTES" ]; then
   # restart that the new size brings (it is in the runtime quadlet; deferred while leased). Online resizing would
   # need CAP_SYS_RESOURCE, which containers (the sandbox's lab hosts among them) often lack.
   if [ -z "$(losetup -j "$IMG" -n -O NAME)" ]; then grow_disk; else say disk-grow-pending "$IMG"; fi
-fi
-
-step=daemon-reload
-# Reload when a quadlet changed, and when systemd has not caught up with one (an earlier apply died before it).
-reload=0
-if [ "$rt_changed$ex_changed" != 00 ]; then reload=1; fi
-for u in "$RT" "$EX"; do
-  unit "$u"
-  if [ "$load" != loaded ] || [ "$need_reload" != no ]; then reload=1; fi
-done
-if [ "$reload" = 1 ]; then
-  systemctl daemon-reload
-  say reloaded
 fi
 
 step=check-units

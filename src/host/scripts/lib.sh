@@ -78,6 +78,49 @@ it is retried; if this persists, see which process holds it: fuser -v $HOST_LOCK
 }
 unlock_host() { exec 9>&-; }
 
+# Coalesced daemon-reload: systemd serializes reloads, so N scripts writing quadlets at once share one or two rather
+# than queue N. Each bumps a generation counter after its writes (reload_owed, under the host lock, so no bump is
+# lost and none precedes its writes) and then calls reload_systemd without the host lock: a reload that read the
+# counter at or past its generation began after its writes and covers them. Scripts wait on a lock of their own.
+# A script holds a shared lock on RUN_DIR/writers from its host lock until it has written and bumped (writing,
+# written): a reload waits (bounded) for those, so scripts that arrive together share it; a killed one's lock goes.
+writing() {
+  mkdir -p "$RUN_DIR"
+  exec 7>>"$RUN_DIR/writers"
+  flock -s 7
+}
+written() { exec 7>&-; }
+# NAME: the counter in RUN_DIR/NAME, 0 before the first bump (since boot: RUN_DIR is in /run)
+get_gen() { cat "$RUN_DIR/$1" 2>/dev/null || echo 0; }
+# NAME VALUE: replaced atomically (the counters are read without the lock that writes them)
+put_gen() {
+  printf '%s\n' "$2" >"$RUN_DIR/.$1.tmp"
+  mv -f "$RUN_DIR/.$1.tmp" "$RUN_DIR/$1"
+}
+reload_owed() {
+  my_gen=$(($(get_gen reload-gen) + 1))
+  put_gen reload-gen "$my_gen"
+}
+reload_systemd() {
+  exec 8>>"$RUN_DIR/reload-lock"
+  if ! flock -w "$LOCK_WAIT_SECONDS" 8; then
+    err "host-busy another script on this host has held $RUN_DIR/reload-lock for over ${LOCK_WAIT_SECONDS}s; \
+it is retried; if this persists, see which process holds it: fuser -v $RUN_DIR/reload-lock"
+    refuse_if_errors
+  fi
+  if [ "$(get_gen reloaded-gen)" -lt "$my_gen" ]; then
+    # writers hold it for a fraction of a second; a stuck one delays this reload by 2 s at most
+    exec 7>>"$RUN_DIR/writers"
+    flock -x -w 2 7 || true
+    exec 7>&-
+    g=$(get_gen reload-gen)
+    systemctl daemon-reload
+    put_gen reloaded-gen "$g"
+    say reloaded
+  fi
+  exec 8>&-
+}
+
 # Sets facts to this host's wire form (host_facts.ts factsWire). `stat -L`: /dev/kvm may be a symlink to the node
 # (some device managers do that); the container gets the node's mode and gid.
 # shellcheck disable=SC2034 # facts is the result, read by the caller

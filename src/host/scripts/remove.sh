@@ -9,6 +9,7 @@ gone() {
 }
 
 step=lock
+writing
 lock_host
 
 step=ownership
@@ -16,26 +17,42 @@ for f in $FILES; do check_owner "$f" "$UID_"; done
 refuse_if_errors
 
 step=stop
+# Queued under the lock (in order with other scripts' jobs for these units), awaited without it (nor the writers'
+# lock, lib.sh writing): a unit takes seconds to stop, and removes on one host need not wait for each other's.
+stop=
 for u in "$EX" "$RT"; do
   unit "$u"
   if [ "$load" = loaded ]; then
     case "$active" in
     inactive | failed) ;;
-    *)
-      systemctl stop "$u"
-      say stopped "$u"
-      ;;
+    *) stop="$stop $u" ;;
     esac
   fi
 done
+if [ -n "$stop" ]; then
+  # shellcheck disable=SC2086 # unit names, no blanks
+  systemctl stop --no-block $stop
+  written
+  unlock_host
+  # joins the queued jobs and returns once they are done (bounded by the units' stop timeouts)
+  # shellcheck disable=SC2086
+  systemctl stop $stop
+  for u in $stop; do say stopped "$u"; done
+  step=lock
+  writing
+  lock_host
+  # an apply may have run meanwhile: the files are still to be ours
+  step=ownership
+  for f in $FILES; do check_owner "$f" "$UID_"; done
+  refuse_if_errors
+fi
 
 step=containers
-for c in $CONTAINERS; do
-  if podman container exists "$c"; then
-    podman rm -f --ignore "$c" >/dev/null
-    gone container "$c"
-  fi
-done
+# One call for all; --depend, or podman removes them side by side and refuses the runtime while the exporter in its
+# network namespace is still there. Podman prints each name it removed.
+# shellcheck disable=SC2086 # names without blanks
+out=$(podman rm -f --ignore --depend $CONTAINERS)
+for c in $out; do gone container "$c"; done
 
 # PATH: PATH removed, if there
 remove_path() {
@@ -64,21 +81,28 @@ rm -f $STARTED $PENDING
 step=volume
 remove_temps "$IMG"
 # by name alone a volume may be anyone's: only under our uid label (the uid asked for, or any of ours without one).
-# The disk's image goes before its volume, so that an interrupted remove leaves the volume that names the owner.
-for v in "$VOLUME" "$DISK"; do
-  v_uid=$(podman volume inspect --format "{{index .Labels \"$PROVISIONER/uid\"}}" "$v" 2>/dev/null || true)
+# The disk's image goes before its volume, so that an interrupted remove leaves the volume that names the owner. One
+# inspect for both (one line per volume that exists), one rm.
+ours=
+while read -r v v_uid; do
   if [ -n "$v_uid" ] && { [ -z "$UID_" ] || [ "$v_uid" = "$UID_" ]; }; then
     if [ "$v" = "$DISK" ]; then remove_path "$IMG"; fi
-    podman volume rm -f "$v" >/dev/null
-    gone volume "$v"
+    ours="$ours $v"
   fi
-done
-
-step=daemon-reload
-if [ "$quadlet_gone" = 1 ]; then
-  systemctl daemon-reload
-  say reloaded
+done <<EOF_VOLUMES
+$(podman volume inspect --format "{{.Name}} {{index .Labels \"$PROVISIONER/uid\"}}" "$VOLUME" "$DISK" 2>/dev/null || true)
+EOF_VOLUMES
+if [ -n "$ours" ]; then
+  # shellcheck disable=SC2086 # volume names, no blanks
+  podman volume rm -f $ours >/dev/null
+  for v in $ours; do gone volume "$v"; done
 fi
+
+if [ "$quadlet_gone" = 1 ]; then reload_owed; fi
+written
+unlock_host
+step=daemon-reload
+if [ "$quadlet_gone" = 1 ]; then reload_systemd; fi
 # a unit that failed lingers in systemctl's list after its file is gone
 systemctl reset-failed "$EX" "$RT" >/dev/null 2>&1 || true
 if [ "$removed" = 0 ]; then say removed nothing; fi
