@@ -167,7 +167,7 @@ Deno.test("apply's stage-script step, under dash and bash: the host's staging sc
   assert.equal(v.STAGE_HASH, sha256(STAGE_SCRIPT_TEXT));
   const at = (step: string) => APPLY_SH.indexOf(`\nstep=${step}\n`);
   assert.ok(at("lock") < at("stage-script") && at("stage-script") < at("start"), "under the lock, before any start");
-  const step = APPLY_SH.slice(at("stage-script"), at("volume"));
+  const step = APPLY_SH.slice(at("stage-script"), at("daemon-reload"));
   for (const shell of SHELLS) {
     const dir = await Deno.makeTempDir();
     try {
