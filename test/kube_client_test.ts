@@ -461,7 +461,9 @@ Deno.test("client: watch() ends cleanly on abort (before headers, mid-stream), o
       }
     })();
     await assert.rejects(midStream, (e: Error) => e.name === "AbortError");
-    assert.deepEqual(events, ["ADDED", "BOOKMARK"]);
+    // the API server may send another bookmark before the abort lands (a loaded machine stretches the 300 ms)
+    assert.deepEqual(events.slice(0, 2), ["ADDED", "BOOKMARK"]);
+    assert.ok(events.slice(2).every((t) => t === "BOOKMARK"), events.join(" "));
 
     // Before headers: the link is silent, so the request is still waiting for its response when aborted.
     proxy.silence();
