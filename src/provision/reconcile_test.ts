@@ -805,13 +805,19 @@ Deno.test("reconcile: a runtime change waits for the lease, then rolls; status c
   assert.notEqual(condition(w.set, "Progressing")?.reason, "WaitingForLease");
 });
 
-Deno.test("reconcile: pending restarts roll one instance at a time once their leases end", async () => {
+/** Two instances, both leased when a runtime change comes: each owes a restart for after its lease. */
+async function twoLeasedOweRestarts() {
   const w = new World({ recycleStrategy: "InPlaceReuse" });
   const [a, b] = await w.deployed();
   for (const e of [a, b]) w.patchExporterStatus(e.metadata.name!, { leaseRef: { name: `l-${e.metadata.name}` } });
   await w.reconcile();
   w.updateSpec({ images: { runtime: { imagePullPolicy: "Always" } } });
   await w.reconcile();
+  return { w, a, b };
+}
+
+Deno.test("reconcile: pending restarts roll one instance at a time once their leases end", async () => {
+  const { w, a, b } = await twoLeasedOweRestarts();
   for (const e of [a, b]) w.patchExporterStatus(e.metadata.name!, { leaseRef: undefined });
   const out = await w.reconcile();
   const starts = () => [a, b].map((e) => w.hosts.instance(HOST, e.metadata.name!)!.starts);
@@ -823,12 +829,7 @@ Deno.test("reconcile: pending restarts roll one instance at a time once their le
 });
 
 Deno.test("reconcile: the next pending restart rolls only once the one before is up", async () => {
-  const w = new World({ recycleStrategy: "InPlaceReuse" });
-  const [a, b] = await w.deployed();
-  for (const e of [a, b]) w.patchExporterStatus(e.metadata.name!, { leaseRef: { name: `l-${e.metadata.name}` } });
-  await w.reconcile();
-  w.updateSpec({ images: { runtime: { imagePullPolicy: "Always" } } });
-  await w.reconcile();
+  const { w, a, b } = await twoLeasedOweRestarts();
   w.hosts.startLooks.set(HOST, 1);
   for (const e of [a, b]) w.patchExporterStatus(e.metadata.name!, { leaseRef: undefined });
   await w.reconcile();

@@ -8,13 +8,17 @@ gone() {
   say removed "$@"
 }
 
-step=lock
-writing
-lock_host
+# the host lock, and the files still ours (or none of anyone's) under it
+lock_owned() {
+  step=lock
+  writing
+  lock_host
+  step=ownership
+  for f in $FILES; do check_owner "$f" "$UID_"; done
+  refuse_if_errors
+}
 
-step=ownership
-for f in $FILES; do check_owner "$f" "$UID_"; done
-refuse_if_errors
+lock_owned
 
 step=stop
 # Queued under the lock (in order with other scripts' jobs for these units), awaited without it (nor the writers'
@@ -38,13 +42,8 @@ if [ -n "$stop" ]; then
   # shellcheck disable=SC2086
   systemctl stop $stop
   for u in $stop; do say stopped "$u"; done
-  step=lock
-  writing
-  lock_host
-  # an apply may have run meanwhile: the files are still to be ours
-  step=ownership
-  for f in $FILES; do check_owner "$f" "$UID_"; done
-  refuse_if_errors
+  # an apply may have run meanwhile
+  lock_owned
 fi
 
 step=containers
