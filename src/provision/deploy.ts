@@ -354,8 +354,7 @@ function stillFailing(ctx: Context, e: Exporter, now: number, last: AppliedState
  * found healthy or on its way up (for up to STARTING_REAPPLY_MS), and Jumpstarter has not reported the exporter gone
  * since. That report is the prompt sign of an exporter that exited after its lease (ExitAndReplace) or crashed; it is
  * acted on once per report, so an exporter that stays offline for other reasons (it cannot reach Jumpstarter) is not
- * re-applied on every event. Whether the
- * host still matches is the resync check's question (host_checks.ts).
+ * re-applied on every event. Whether the host still matches is the resync check's question (host_checks.ts).
  */
 function stillApplied(last: AppliedState, hash: string, offline: string | undefined, now: number): boolean {
   const upOrStarting = last.ready ||
