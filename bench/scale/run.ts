@@ -111,6 +111,8 @@ export interface RunOptions {
   profile: boolean;
   /** Extra `deno run` flags for the controller. */
   controllerFlags?: string[];
+  /** Extra flags of the controller's `run`, e.g. --max-concurrent-reconciles=100. */
+  controllerArgs?: string[];
   /** Skip the floor (its figures are NaN): for experiments on the controller alone. */
   skipFloor?: boolean;
   log: (msg: string) => void;
@@ -183,7 +185,12 @@ export async function runSize(o: RunOptions): Promise<SizeResult> {
     kubeconfig: cluster.cp.kubeconfigPath,
     namespace: ns,
     logPath,
-    args: [`--resync=${o.resyncSeconds}`, `--sweep-interval=${o.resyncSeconds}`, "--log-level=warn"],
+    args: [
+      `--resync=${o.resyncSeconds}`,
+      `--sweep-interval=${o.resyncSeconds}`,
+      "--log-level=warn",
+      ...o.controllerArgs ?? [],
+    ],
     inspect: o.profile,
     denoFlags: o.controllerFlags,
   });
