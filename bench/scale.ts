@@ -1,6 +1,6 @@
 /**
  * `deno task bench:scale [--hosts N] [--per-host M] [--sizes 50,100,250,500] [--steady-minutes S] [--resync SEC]
- * [--profile] [--out NAME] [--controller-flags=FLAGS] [--skip-floor]`: issue 12's scale world. N cheap lab
+ * [--profile] [--out NAME] [--controller-flags=FLAGS] [--controller-args=ARGS] [--skip-floor]`: issue 12's scale world. N cheap lab
  * hosts (test/scalehost: one real OpenSSH sshd per address in network namespace qspscale, 10.90.0.0/16, the project's
  * host scripts run by sh, systemd/Podman replaced by recording fakes), a private control plane with its garbage
  * collector (bench/cluster.ts), the fake Jumpstarter, and the controller run as in production. Per size: the floor
@@ -32,6 +32,7 @@ const { values } = parseArgs({
     profile: { type: "boolean", default: false },
     out: { type: "string", default: "scale" },
     "controller-flags": { type: "string", default: "" },
+    "controller-args": { type: "string", default: "" },
     "skip-floor": { type: "boolean", default: false },
     "keep-dir": { type: "boolean", default: false },
   },
@@ -97,6 +98,7 @@ try {
           resyncSeconds: Number(values.resync),
           profile: values.profile,
           controllerFlags: values["controller-flags"].split(" ").filter((x) => x),
+          controllerArgs: values["controller-args"].split(" ").filter((x) => x),
           skipFloor: values["skip-floor"],
           log,
         }),
@@ -126,7 +128,8 @@ if (results.length) {
     perHost,
     entry:
       (values.profile ? "bench/scale/entry.ts (main thread, inspector on)" : "main.ts (Worker, as in production)") +
-      (values["controller-flags"] ? ` with ${values["controller-flags"]}` : ""),
+      (values["controller-flags"] ? ` with ${values["controller-flags"]}` : "") +
+      (values["controller-args"] ? `, run ${values["controller-args"]}` : ""),
     resyncSeconds: Number(values.resync),
     hostStartSeconds,
     idleHostMemory,

@@ -296,15 +296,14 @@ async function wholeJobAs(rules: PolicyRule[], prefix: string, host: LabHost, ma
   const dir = await Deno.makeTempDir({ prefix: "qsp-rbac-" });
   const ns = await freshNamespace(admin, prefix);
   const kubeconfig = await installControllerRbac(admin, env.kubeconfig, ns, dir, rules, manifests);
-  const client = await KubeClient.load(kubeconfig);
   const used = new Set<string>();
   const paths = new Set<string>();
-  const fetch = client.fetch.bind(client);
-  client.fetch = (method, path, opts = {}) => {
-    used.add(grantOf(method, path, opts.query));
-    paths.add(path);
-    return fetch(method, path, opts);
-  };
+  const client = await KubeClient.load(kubeconfig, {
+    onRequest: (method, path, query) => {
+      used.add(grantOf(method, path, query));
+      paths.add(path);
+    },
+  });
 
   const logs: string[] = [];
   const log = createLogger({ level: "info", write: (l) => logs.push(l) });

@@ -156,6 +156,15 @@ export function markdown(r: ScaleResults): string {
       "JSON). SSH cmds: recorded by the hosts (session-recorder). host PSS: all sshd processes of a host with the " +
       "controller connected, per host; the hosts' tmpfs state is in the JSON.",
   );
+  const kinds = (k: Record<string, number> | undefined) =>
+    Object.entries(k ?? {}).sort((a, b) => b[1] - a[1]).map(([kind, v]) => `${kind} ${v}`).join(", ") || "-";
+  for (const s of r.sizes) {
+    L.push(
+      "",
+      `SSH commands by script at ${s.hosts} x ${s.perHost}: converge ${kinds(s.converge.sshCommandsByKind)}; ` +
+        `delete ${kinds(s.teardown.sshCommandsByKind)}.`,
+    );
+  }
   const steady = r.sizes.find((s) => s.steady);
   if (steady?.steady) {
     const st = steady.steady;

@@ -33,6 +33,8 @@ export interface Phase {
   /** Commands the hosts ran (session-recorder), and the controller's qemu_ssh_command_seconds_count. */
   sshCommands: number;
   sshCommandsMetric: number;
+  /** The hosts' commands by the script they ran (apply, inspect, remove, ...). */
+  sshCommandsByKind: Record<string, number>;
   /** Connections the hosts' sshd accepted, and the controller's qemu_ssh_connections_opened_total. */
   sshConnections: number;
   sshConnectionsMetric: number;
@@ -109,6 +111,8 @@ export interface RunOptions {
   profile: boolean;
   /** Extra `deno run` flags for the controller. */
   controllerFlags?: string[];
+  /** Extra flags of the controller's `run`, e.g. --max-concurrent-reconciles=100. */
+  controllerArgs?: string[];
   /** Skip the floor (its figures are NaN): for experiments on the controller alone. */
   skipFloor?: boolean;
   log: (msg: string) => void;
@@ -181,7 +185,12 @@ export async function runSize(o: RunOptions): Promise<SizeResult> {
     kubeconfig: cluster.cp.kubeconfigPath,
     namespace: ns,
     logPath,
-    args: [`--resync=${o.resyncSeconds}`, `--sweep-interval=${o.resyncSeconds}`, "--log-level=warn"],
+    args: [
+      `--resync=${o.resyncSeconds}`,
+      `--sweep-interval=${o.resyncSeconds}`,
+      "--log-level=warn",
+      ...o.controllerArgs ?? [],
+    ],
     inspect: o.profile,
     denoFlags: o.controllerFlags,
   });
@@ -226,21 +235,33 @@ export async function runSize(o: RunOptions): Promise<SizeResult> {
     );
     return per;
   };
-  const phase = async (a: Snap, b: Snap): Promise<Phase> => ({
-    seconds: (b.at - a.at) / 1000,
-    cpuSeconds: b.cpu - a.cpu,
-    apiRequests: b.api - a.api,
-    apiRequestsByCall: Object.fromEntries(
-      Object.entries(b.apiByCall).map(([k, v]) => [k, v - (a.apiByCall[k] ?? 0)] as const).filter(([, v]) => v > 0),
-    ),
-    apiRequestsServerSide: (b.served - a.served) - (b.own - a.own),
-    sshCommands: (await hostSessions(a, b)).reduce((x, s) => x + s.length, 0),
-    sshCommandsMetric: b.sshCmds - a.sshCmds,
-    sshConnections: b.accepted - a.accepted,
-    sshConnectionsMetric: b.sshConns - a.sshConns,
-    reconciles: b.reconciles - a.reconciles,
-    machineCoresBusy: ((b.busy - a.busy) / Math.max(1, b.jiffies - a.jiffies)) * navigator.hardwareConcurrency,
-  });
+  const byKind = (per: Awaited<ReturnType<typeof hostSessions>>) => {
+    const kinds: Record<string, number> = {};
+    for (const s of per.flat()) {
+      const kind = /: (\w+)$/.exec(s.what)?.[1] ?? /^sh -s # (\w+)$/.exec(s.what)?.[1] ?? "other";
+      kinds[kind] = (kinds[kind] ?? 0) + 1;
+    }
+    return kinds;
+  };
+  const phase = async (a: Snap, b: Snap): Promise<Phase> => {
+    const per = await hostSessions(a, b);
+    return {
+      seconds: (b.at - a.at) / 1000,
+      cpuSeconds: b.cpu - a.cpu,
+      apiRequests: b.api - a.api,
+      apiRequestsByCall: Object.fromEntries(
+        Object.entries(b.apiByCall).map(([k, v]) => [k, v - (a.apiByCall[k] ?? 0)] as const).filter(([, v]) => v > 0),
+      ),
+      apiRequestsServerSide: (b.served - a.served) - (b.own - a.own),
+      sshCommands: per.reduce((x, s) => x + s.length, 0),
+      sshCommandsMetric: b.sshCmds - a.sshCmds,
+      sshCommandsByKind: byKind(per),
+      sshConnections: b.accepted - a.accepted,
+      sshConnectionsMetric: b.sshConns - a.sshConns,
+      reconciles: b.reconciles - a.reconciles,
+      machineCoresBusy: ((b.busy - a.busy) / Math.max(1, b.jiffies - a.jiffies)) * navigator.hardwareConcurrency,
+    };
+  };
   const profilePath = (what: string) => join(o.dir, `${ns}-${what}.cpuprofile`);
 
   try {
@@ -284,7 +305,9 @@ export async function runSize(o: RunOptions): Promise<SizeResult> {
     log(
       `${n}x${perHost}: all Available after ${converge.seconds.toFixed(1)} s; CPU ${
         converge.cpuSeconds.toFixed(1)
-      } s, RSS ${s1.rss.toFixed(0)} MiB (peak ${s1.peak.toFixed(0)}), ${JSON.stringify(s1.memory)} MiB`,
+      } s, RSS ${s1.rss.toFixed(0)} MiB (peak ${s1.peak.toFixed(0)}), ${JSON.stringify(s1.memory)} MiB; SSH commands ${
+        JSON.stringify(converge.sshCommandsByKind)
+      }`,
     );
     const mem = await hostMemory();
 
@@ -299,25 +322,18 @@ export async function runSize(o: RunOptions): Promise<SizeResult> {
       const p = await phase(a, b);
       p.profile = await controller.stopProfile(profilePath("steady"));
       p.heap = await controller.liveHeap();
-      const per = await hostSessions(a, b);
       const intervals = p.seconds / o.resyncSeconds;
-      const byKind: Record<string, number> = {};
-      for (const list of per) {
-        for (const s of list) {
-          const kind = /: (\w+)$/.exec(s.what)?.[1] ?? /^sh -s # (\w+)$/.exec(s.what)?.[1] ?? "other";
-          byKind[kind] = (byKind[kind] ?? 0) + 1;
-        }
-      }
-      for (const k of Object.keys(byKind)) byKind[k] = byKind[k] / n / intervals;
-      byKind.all = p.sshCommands / n / intervals;
+      const perResync: Record<string, number> = {};
+      for (const [k, v] of Object.entries(p.sshCommandsByKind)) perResync[k] = v / n / intervals;
+      perResync.all = p.sshCommands / n / intervals;
       steady = {
         ...p,
         minutes: p.seconds / 60,
         resyncSeconds: o.resyncSeconds,
-        perHostPerResync: byKind,
+        perHostPerResync: perResync,
         apiRequestsPerMinute: p.apiRequests / (p.seconds / 60),
       };
-      log(`${n}x${perHost}: steady: ${JSON.stringify(byKind)} SSH commands per host per resync`);
+      log(`${n}x${perHost}: steady: ${JSON.stringify(perResync)} SSH commands per host per resync`);
     }
 
     // ---- teardown

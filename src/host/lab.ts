@@ -159,7 +159,8 @@ function upOrQueued(unit: string, report: ApplyReport): boolean {
  * Applies an instance rendered for its host's facts: first for `known`, the facts last seen there (undefined on first
  * contact). When the host's apply script finds other facts it refuses before writing anything, and the instance is
  * rendered for the facts it reported and applied again at once: one round trip while nothing changes, two when
- * something did. Returns what was applied last and what the host said.
+ * something did. `onFacts` hears the facts each round trip reports as soon as it ends (on first contact, others on
+ * the host wait for them: first_contact.ts). Returns what was applied last and what the host said.
  */
 export async function applyForFacts(
   hosts: HostOps,
@@ -167,13 +168,16 @@ export async function applyForFacts(
   render: (facts: HostFacts | undefined) => RenderedInstance,
   known: HostFacts | undefined,
   opts: HostApplyOptions,
+  onFacts?: (facts: HostFacts) => void,
 ): Promise<{ rendered: RenderedInstance; outcome: ApplyOutcome }> {
   let rendered = render(known);
   let outcome = await hosts.apply(target, rendered, opts);
+  if (outcome.facts) onFacts?.(outcome.facts);
   const onlyFacts = outcome.errors.length > 0 && outcome.errors.every((e) => e.startsWith("facts-changed:"));
   if (onlyFacts && outcome.facts) {
     rendered = render(outcome.facts);
     outcome = await hosts.apply(target, rendered, opts);
+    if (outcome.facts) onFacts?.(outcome.facts);
   }
   return { rendered, outcome };
 }

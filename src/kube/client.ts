@@ -56,8 +56,9 @@ export interface RequestOptions {
 
 export interface ClientOptions extends LoadOptions {
   /**
-   * Bound on every request except watches, response body included. A connection can go half-dead without being
-   * closed (no RST, no FIN), and only a deadline turns that into an error instead of a caller stuck forever.
+   * Bound on every request except watches, response body included, from when it holds its rate-limit token. A
+   * connection can go half-dead without being closed (no RST, no FIN), and only a deadline turns that into an error
+   * instead of a caller stuck forever.
    */
   requestTimeoutMs?: number;
   /** Bound on opening a connection: TCP, proxy and TLS handshake (default 10 s; client-go's TLS handshake bound). */
@@ -68,6 +69,8 @@ export interface ClientOptions extends LoadOptions {
   burst?: number;
   /** Told of each retry before its wait: for a debug log, and for tests to see Retry-After honoured. */
   onRetry?: (retry: RetryInfo) => void;
+  /** Told of each request as it is sent, watches included (tests: which grants a run used). */
+  onRequest?: (method: string, path: string, query: RequestOptions["query"]) => void;
 }
 
 export interface RetryInfo {
@@ -137,7 +140,7 @@ export class KubeClient implements KubeApi {
     private readonly credentials: Credentials,
     private readonly requestTimeoutMs: number,
     private readonly limiter: TokenBucket,
-    private readonly onRetry?: (retry: RetryInfo) => void,
+    private readonly hooks: Pick<ClientOptions, "onRetry" | "onRequest">,
   ) {}
 
   /** Loads the configuration as kubeconfig.ts's loadConfig says; a problem with it is a KubeconfigError. */
@@ -156,7 +159,7 @@ export class KubeClient implements KubeApi {
       config.credentials,
       timeout,
       limiter,
-      opts.onRetry,
+      { onRetry: opts.onRetry, onRequest: opts.onRequest },
     );
   }
 
@@ -186,11 +189,22 @@ export class KubeClient implements KubeApi {
 
   /** One raw request with no deadline (watches); its `signal` is the only way to end it. Waits on the rate limit. */
   async fetch(method: string, path: string, opts: RequestOptions = {}): Promise<Response> {
-    await this.limiter.take(opts.signal);
-    opts.signal?.throwIfAborted();
+    await this.turn(opts.signal);
+    return this.send(method, path, opts);
+  }
+
+  /** Waits for the rate limit's token; an abort of `signal` ends the wait (and gives the token back). */
+  private async turn(signal?: AbortSignal): Promise<void> {
+    await this.limiter.take(signal);
+    signal?.throwIfAborted();
+  }
+
+  /** Sends a request that holds its token. */
+  private async send(method: string, path: string, opts: RequestOptions): Promise<Response> {
     this.requests++;
     const call = `${method} ${resourceOfPath(path)}`;
     this.requestsByCall.set(call, (this.requestsByCall.get(call) ?? 0) + 1);
+    this.hooks.onRequest?.(method, path, opts.query);
     const contentType = opts.body === undefined ? undefined : (opts.contentType ?? "application/json");
     const auth = await this.headers(contentType, opts.headers);
     const body = opts.body === undefined ? undefined : new TextEncoder().encode(JSON.stringify(opts.body));
@@ -213,7 +227,7 @@ export class KubeClient implements KubeApi {
         const wait = attempt && retryDelay(method, retries, attempt);
         if (attempt === undefined || wait === undefined || opts.signal?.aborted || this.retryFence?.aborted) throw e;
         this.retries++;
-        this.onRetry?.({
+        this.hooks.onRetry?.({
           method,
           path,
           cause: "status" in attempt ? attempt.status : attempt.connectError,
@@ -229,7 +243,13 @@ export class KubeClient implements KubeApi {
     }
   }
 
+  /**
+   * The deadline bounds the request from when it holds its token, not its wait in the bucket: a queue longer than the
+   * deadline (30 s: 1500 requests at 50 qps, a wave of creates) timed out every request in it before it was sent. A
+   * caller that must not wait that long bounds the whole with its own signal (leader election's renew deadline).
+   */
   private async attempt<T>(method: string, path: string, opts: RequestOptions): Promise<T> {
+    await this.turn(opts.signal);
     const ms = opts.timeoutMs ?? this.requestTimeoutMs;
     const deadline = new AbortController();
     const timer = setTimeout(
@@ -238,7 +258,7 @@ export class KubeClient implements KubeApi {
     );
     const signal = opts.signal ? AbortSignal.any([opts.signal, deadline.signal]) : deadline.signal;
     try {
-      const res = await this.fetch(method, path, { ...opts, signal });
+      const res = await this.send(method, path, { ...opts, signal });
       return await res.json() as T;
     } finally {
       clearTimeout(timer);

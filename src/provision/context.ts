@@ -30,6 +30,7 @@ import type { HostFacts } from "../host/host_facts.ts";
 import type { LabTarget } from "./credentials.ts";
 import type { Reach } from "./placement.ts";
 import { recordingReach } from "./host_reach.ts";
+import type { FirstContacts } from "./first_contact.ts";
 
 /** The kinds reconciling reads from caches, by cache. */
 export interface Cached {
@@ -96,6 +97,8 @@ export interface Context {
   inspections: Map<string, HostCheck>;
   /** Per lab host and port (factsKey), the facts its last apply found: instances are rendered for them. */
   hostFacts: Map<string, HostFacts>;
+  /** Per lab host and port (factsKey), the first apply under way while its facts are unknown (first_contact.ts). */
+  firstContacts: FirstContacts;
   /**
    * The SSH credentials each lab host (user@host:port) was last reached with, newest last, a few per host: teardown
    * tries them after the current ones, so it works after the Secret, the class or the namespace went, or the key was
@@ -130,6 +133,7 @@ export function newContext(
     | "knownTargets"
     | "leftOn"
     | "hostFacts"
+    | "firstContacts"
     | "hostReach"
   >,
 ): Context {
@@ -145,6 +149,7 @@ export function newContext(
     finalized: new Map(),
     inspections: new Map(),
     hostFacts: new Map(),
+    firstContacts: new Map(),
     knownTargets: new Map(),
     leftOn: new Map(),
   };

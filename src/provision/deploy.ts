@@ -12,6 +12,7 @@ import type { InstanceParams } from "../host/instance_params.ts";
 import { decodeSecretValue, type LabTarget } from "./credentials.ts";
 import type { AppliedState, Context, ExporterFailures } from "./context.ts";
 import { driftSince } from "./host_checks.ts";
+import { withHostFacts } from "./first_contact.ts";
 import { leaseHolding, leaseState, onlineReport } from "./leases.ts";
 import { HOST_ANNOTATION, RECLAIM_ANNOTATION, wasDeployed } from "./marks.ts";
 import { applyFailureReason, applyFailureText, errorText } from "./problems.ts";
@@ -197,13 +198,19 @@ async function deploy(
   const started = performance.now();
   const deferRestart = holder !== undefined || (due && turn.rolling);
   if (due && !deferRestart) turn.rolling = true;
-  const applied = await applyForFacts(ctx.hosts, target, render, ctx.hostFacts.get(facts), {
-    kvmRequired: params.runtime.kvm,
-    keepExited: holdExited,
-    deferRestart,
-  });
+  const opts = { kvmRequired: params.runtime.kvm, keepExited: holdExited, deferRestart };
+  // on a host not met yet, the first apply goes alone and the others render for the facts it learns: one apply each
+  const applied = await withHostFacts(
+    ctx.firstContacts,
+    facts,
+    () => ctx.hostFacts.get(facts),
+    (known, learned) =>
+      applyForFacts(ctx.hosts, target, render, known, opts, (f) => {
+        ctx.hostFacts.set(facts, f);
+        learned();
+      }),
+  );
   const report = applied.outcome;
-  if (report.facts) ctx.hostFacts.set(facts, report.facts);
   ctx.metrics.deploySeconds.observe({ host: target.host }, (performance.now() - started) / 1000);
   if (report.errors.length) throw new DeployError(applyFailureText(target.host, report.errors), report.errorCode);
   if (report.changed.length && !last) turn.deployed.push([name, target.host]);
