@@ -182,7 +182,7 @@ function fits(op: Op, state: "none" | "low" | "high"): boolean {
 async function reset(w: FaultWorld, after: Op): Promise<void> {
   console.log(`  [kill] resetting the world after a failed ${after} trial`);
   await w.controller.kill();
-  await w.purge();
+  await w.purge({ setOnly: true });
   await w.createSet((s) => Object.assign(s.spec, LOW));
   await w.controller.start();
   await checkInvariants(w);

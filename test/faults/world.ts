@@ -502,9 +502,14 @@ export class FaultWorld {
     else console.error(`  controller log kept: ${this.controller.opts.logPath}`);
   }
 
-  /** Removes the set, its Exporters (finalizers stripped) and this namespace's instances on the hosts. */
-  async purge(): Promise<void> {
+  /**
+   * Removes the set, its Exporters (finalizers stripped) and this namespace's instances on the hosts. `setOnly`: only
+   * the set under test's, so that a reset after a failed trial keeps the fixtures the invariants compare against
+   * (the foreign objects, the leased set), and one failure does not fail every later trial on them.
+   */
+  async purge(opts: { setOnly?: boolean } = {}): Promise<void> {
     for (const e of (await this.client.list<Exporter>(EXPORTERS, this.ns)).items) {
+      if (opts.setOnly && ownerSetName(e) !== SET) continue;
       await this.client.mergePatch(EXPORTERS, this.ns, e.metadata.name!, { metadata: { finalizers: null } })
         .catch(() => {});
       await this.client.delete(EXPORTERS, this.ns, e.metadata.name!).catch(() => {});
@@ -514,7 +519,9 @@ export class FaultWorld {
       const t = await directTarget(h);
       const inspection = await this.lab.inspect(t).catch(() => undefined);
       for (const i of inspection?.instances ?? []) {
-        if (this.owns(i) || i.name === foreignInstanceName(this.ns)) await this.lab.remove(t, i.name).catch(() => {});
+        const ours = this.owns(i) && (!opts.setOnly || i.set === SET || i.set === undefined);
+        const foreign = !opts.setOnly && i.name === foreignInstanceName(this.ns);
+        if (ours || foreign) await this.lab.remove(t, i.name).catch(() => {});
       }
     }
   }
