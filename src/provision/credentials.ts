@@ -81,6 +81,32 @@ export function sshTarget(
   };
 }
 
+/**
+ * The credentials an instance was deployed with, from the Secret its Exporter recorded (targets.ts
+ * CREDENTIALS_ANNOTATION), for a teardown once no class names that Secret any more: the class deleted first, and the
+ * process's memory of the key lost in a restart. The class took its host-key policy with it, so the host must show a
+ * key the Secret's known_hosts or this namespace's pins already hold: a teardown trusts no new host key.
+ */
+export function recordedTarget(
+  ns: string,
+  host: Pick<SshTarget, "host" | "port" | "user">,
+  credentials: Secret | undefined,
+  pinned: Secret | undefined,
+): LabTarget | undefined {
+  const privateKey = decodeSecretValue(credentials, PRIVATE_KEY);
+  if (privateKey === undefined || !checkPrivateKey(privateKey).ok) return undefined;
+  const given = decodeSecretValue(credentials, KNOWN_HOSTS) ?? "";
+  const pins = decodeSecretValue(pinned, PINNED_HOST_KEYS_KEY) ?? "";
+  return {
+    namespace: ns,
+    ...host,
+    privateKey,
+    knownHosts: `${given}\n${pins}`,
+    hostKeyPolicy: "Strict",
+    pinScope: ns,
+  };
+}
+
 function problem(reason: string, message: string): { ok: false; problem: Problem } {
   return { ok: false, problem: { reason, message } };
 }

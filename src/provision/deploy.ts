@@ -18,7 +18,14 @@ import { HOST_ANNOTATION, RECLAIM_ANNOTATION, wasDeployed } from "./marks.ts";
 import { applyFailureReason, applyFailureText, errorText } from "./problems.ts";
 import type { Problem, Waits } from "./status.ts";
 import { withDefaults } from "./plan.ts";
-import { type HostTarget, parseTarget, sameHost, TARGET_ANNOTATION, targetString } from "./targets.ts";
+import {
+  type HostTarget,
+  parseTarget,
+  sameHost,
+  TARGET_ANNOTATION,
+  targetAnnotations,
+  targetString,
+} from "./targets.ts";
 import { annotate, replaceLeftBehind } from "./writes.ts";
 
 const DEFAULT_CA_CONFIGMAP = { name: "jumpstarter-service-ca-cert", key: "ca.crt" };
@@ -147,7 +154,11 @@ async function deploy(
   }
   // The target is recorded before anything reaches the host, so that teardown finds a half-done deploy (for a new
   // Exporter, by its create: writes.ts); the host annotation (what people read) only once the instance is really there.
-  if (previous !== where) await annotate(ctx, e, { [TARGET_ANNOTATION]: where, [HOST_ANNOTATION]: null });
+  const recorded = targetAnnotations(where, cls);
+  const have = e.metadata.annotations ?? {};
+  if (Object.entries(recorded).some(([k, v]) => have[k] !== v)) {
+    await annotate(ctx, e, { ...recorded, ...previous !== where ? { [HOST_ANNOTATION]: null } : {} });
+  }
 
   const token = decodeSecretValue(ctx.caches.secrets.get(ns, e.status!.credential!.name), "token");
   if (!token) throw new Error(`Secret ${ns}/${e.status!.credential!.name} has no token yet`);

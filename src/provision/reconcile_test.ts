@@ -17,7 +17,7 @@ import { type Caches, cachesFrom, type Context, newContext } from "./context.ts"
 import { FINALIZER, HOST_ANNOTATION, routedSetName, SET_LABEL } from "./marks.ts";
 import { reconcile } from "./reconciler.ts";
 import { sweep } from "./sweep.ts";
-import { TARGET_ANNOTATION } from "./targets.ts";
+import { CREDENTIALS_ANNOTATION, TARGET_ANNOTATION } from "./targets.ts";
 import { MAX_CREATES } from "./writes.ts";
 import { KubeError } from "../kube/client.ts";
 import { ed25519Key } from "../../test/fixtures.ts";
@@ -729,6 +729,23 @@ Deno.test("reconcile: teardown of a deleted set's Exporter uses the key its host
   await w.reconcile();
   assert.equal(w.exporter(name), undefined);
   assert.equal(w.hosts.instance(HOST, name), undefined);
+});
+
+Deno.test("reconcile: with the class deleted first and the process restarted, teardown uses the Secret the Exporter recorded", async () => {
+  const w = new World();
+  const [a] = await w.deployed();
+  const name = a.metadata.name!;
+  assert.equal(w.exporter(name)!.metadata.annotations?.[CREDENTIALS_ANNOTATION], "lab-ssh-key");
+  w.hosts.keys.set(HOST, KEY);
+  await w.kube.delete(VIRTUAL_TARGET_CLASSES, NS, "qemu");
+  await w.reconcile();
+  w.ctx.knownTargets.clear(); // a restart: the keys the hosts took are remembered by the process only
+  await w.kube.delete(EXPORTER_SETS, NS, SET);
+  await w.kube.delete(EXPORTERS, NS, name);
+  await w.reconcile();
+  assert.equal(w.exporter(name), undefined);
+  assert.equal(w.hosts.instance(HOST, name), undefined, "torn down, not abandoned");
+  assert.ok(!w.reasons().includes("TeardownAbandoned"));
 });
 
 Deno.test("reconcile: teardown with no key the host accepts is reported, not retried as if the host were down", async () => {

@@ -7,12 +7,24 @@ import type { Exporter, ExporterSet, Secret, VirtualTargetClass } from "../api/t
 import type { InstanceParams } from "../host/instance_params.ts";
 import { type FieldError, type Placement, type PoolHost, resolveParams } from "./params.ts";
 import { hostKey } from "./placement.ts";
-import { type LabTarget, PINNED_HOST_KEYS_SECRET, sshTarget } from "./credentials.ts";
+import { type LabTarget, PINNED_HOST_KEYS_SECRET, recordedTarget, sshTarget } from "./credentials.ts";
 import type { Caches } from "./context.ts";
 import type { Problem } from "./status.ts";
 
 /** Where an instance was deployed (user@host:port), so teardown finds it even after the set's host changed. */
 export const TARGET_ANNOTATION = "qemu-ssh.jumpstarter.dev/ssh-target";
+
+/**
+ * The Secret whose key deployed the instance, recorded with TARGET_ANNOTATION, so a teardown still finds the key when
+ * the class that named the Secret went first (deployedTargets).
+ */
+export const CREDENTIALS_ANNOTATION = "qemu-ssh.jumpstarter.dev/ssh-credentials";
+
+/** The annotations that say where an instance goes and with which class's Secret, before anything reaches the host. */
+export function targetAnnotations(where: string, cls: VirtualTargetClass | undefined): Record<string, string> {
+  const secret = cls?.spec.credentialsSecretRef?.name;
+  return { [TARGET_ANNOTATION]: where, ...secret ? { [CREDENTIALS_ANNOTATION]: secret } : {} };
+}
 
 /** The form of TARGET_ANNOTATION: user@host:port. */
 const TARGET_RE = /^(.+)@(.+):(\d+)$/;
@@ -99,7 +111,8 @@ export const cachedSetTarget = (caches: Pick<Caches, "secrets">, cls: VirtualTar
 /**
  * The SSH target an Exporter was deployed to (its target annotation), once with the credentials of each class of ours
  * in its namespace that has usable ones: first the classes whose own parameters name that target, as only the host
- * can tell which key it accepts. Empty if it was never deployed or no class has usable credentials.
+ * can tell which key it accepts; last the Secret it recorded (CREDENTIALS_ANNOTATION), if it is still there. Empty if
+ * it was never deployed or none of these has usable credentials.
  */
 export function deployedTargets(
   caches: Pick<Caches, "classes" | "secrets">,
@@ -122,10 +135,20 @@ export function deployedTargets(
   };
   const ranked = caches.classes.list(ns).filter((cls) => cls.spec.provisioner === provisioner)
     .sort((a, b) => Number(names(b)) - Number(names(a)));
-  return ranked.flatMap((cls) => {
+  const byClass = ranked.flatMap((cls) => {
     const cred = credentials(cls, params, secret);
     return cred.ok ? [cred.target] : [];
   });
+  const recorded = e.metadata.annotations?.[CREDENTIALS_ANNOTATION];
+  const fallback = recorded
+    ? recordedTarget(
+      ns,
+      { host: m[2], user: m[1], port: Number(m[3]) },
+      secret(recorded),
+      secret(PINNED_HOST_KEYS_SECRET),
+    )
+    : undefined;
+  return fallback ? [...byClass, fallback] : byClass;
 }
 
 /**

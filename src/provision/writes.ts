@@ -11,7 +11,7 @@ import { FINALIZER, SET_LABEL, templateMarks } from "./marks.ts";
 import { PROVISIONER } from "../api/types.ts";
 import type { Plan } from "./plan.ts";
 import { statusChanged } from "./status.ts";
-import { TARGET_ANNOTATION } from "./targets.ts";
+import { targetAnnotations } from "./targets.ts";
 
 /**
  * How long an Exporter we created may take to show up in the cache before we stop counting it as pending. Longer than
@@ -171,7 +171,12 @@ function createOne(
       generateName: `${m.name}-`,
       namespace: m.namespace,
       labels: { ...marks.labels, [SET_LABEL]: m.name! },
-      annotations: where ? { ...marks.annotations, [TARGET_ANNOTATION]: where } : marks.annotations,
+      annotations: where
+        ? {
+          ...marks.annotations,
+          ...targetAnnotations(where, ctx.caches.classes.get(m.namespace, set.spec.virtualTargetClassName)),
+        }
+        : marks.annotations,
       finalizers: [FINALIZER],
       ownerReferences: [{
         apiVersion: `${EXPORTER_SETS.group}/${EXPORTER_SETS.version}`,
