@@ -11,6 +11,7 @@ import type { LabHost, LabNet } from "./labhost/labhost.ts";
 import type { HostInspection } from "../src/host/remote.ts";
 import type { RenderedInstance } from "../src/host/render.ts";
 import { drift, starting } from "../src/host/drift.ts";
+import { startingCheckMs } from "../src/provision/deploy.ts";
 
 export interface TestEnv {
   kubeconfig: string;
@@ -113,27 +114,28 @@ export async function waitFor<T>(
 }
 
 /**
- * Waits until an inspection of the host finds each instance as rendered with both units active, looking once a second
- * as the controller does after an apply that left them on their way up (deploy.ts); returns how many looks it took.
+ * Waits until an inspection of the host finds each instance as rendered with both units active, looking at the
+ * controller's pace after an apply that left them on their way up (deploy.ts startingCheckMs: soon, then less often);
+ * returns how many looks it took.
  */
 export async function inspectUntilUp(
   inspect: () => Promise<HostInspection>,
   rendered: RenderedInstance[],
   timeoutMs = 120_000,
 ): Promise<number> {
-  let looks = 0;
-  await waitFor(async () => {
-    looks++;
+  const deadline = Date.now() + timeoutMs;
+  for (let looks = 0;; looks++) {
+    await new Promise((r) => setTimeout(r, startingCheckMs(looks)));
     const found = (await inspect()).instances;
     const off = rendered.flatMap((r) => {
       const i = found.find((f) => f.name === r.name);
       return [...drift(r, i), ...starting(r, i)];
     });
-    // thrown, so that a timeout says what was still off
-    if (off.length) throw new Error(off.join("; "));
-    return true;
-  }, { what: `${rendered.map((r) => r.name).join(", ")} up`, timeoutMs, intervalMs: 1_000 });
-  return looks;
+    if (!off.length) return looks + 1;
+    if (Date.now() > deadline) {
+      throw new Error(`timed out waiting for ${rendered.map((r) => r.name).join(", ")} up: ${off.join("; ")}`);
+    }
+  }
 }
 
 /** The feature description's example manifests (manifests/examples/), retargeted to a namespace. */

@@ -112,6 +112,26 @@ export interface Context {
   leftOn: Map<string, LabTarget>;
   /** Per lab host (placement.ts hostKey), since when its SSH commands go unanswered (host_reach.ts). */
   hostReach: Map<string, Reach>;
+  /**
+   * Each Exporter added or changed in the cache, as the controller routes it: a reconcile waiting on its lab hosts
+   * listens, to take in the Exporters that got their credentials meanwhile (deploy.ts deployAll).
+   */
+  exporterChanges: Listeners<Exporter>;
+}
+
+/** Callbacks told of each new value while they listen. */
+export class Listeners<T> {
+  private readonly all = new Set<(value: T) => void>();
+
+  /** Returns how to stop listening. */
+  listen(fn: (value: T) => void): () => void {
+    this.all.add(fn);
+    return () => this.all.delete(fn);
+  }
+
+  tell(value: T): void {
+    for (const fn of this.all) fn(value);
+  }
 }
 
 export interface HostCheck {
@@ -135,6 +155,7 @@ export function newContext(
     | "hostFacts"
     | "firstContacts"
     | "hostReach"
+    | "exporterChanges"
   >,
 ): Context {
   const hostReach = new Map<string, Reach>();
@@ -152,6 +173,7 @@ export function newContext(
     firstContacts: new Map(),
     knownTargets: new Map(),
     leftOn: new Map(),
+    exporterChanges: new Listeners(),
   };
 }
 
@@ -174,6 +196,8 @@ export interface AppliedState {
    * apply's or inspection's start), checked closely until they are up (deploy.ts).
    */
   startingSince?: number;
+  /** Inspections since then that found them still on their way up: each next one waits longer (deploy.ts). */
+  startingLooks?: number;
   /** The exporter ended by itself and was left down (waiting for its lease to end, or for the back-off). */
   exited: boolean;
   /** Running units were left on an older definition because of a lease (or to roll one at a time). */

@@ -196,9 +196,10 @@ export class Controller {
     c.classes.on((_t, cls) =>
       this.setsIn(cls.metadata.namespace, (s) => s.spec.virtualTargetClassName === cls.metadata.name)
     );
-    c.exporters.on((_t, e) => {
+    c.exporters.on((type, e) => {
       const owner = routedSetName(e);
       if (owner) this.queue.add(`${e.metadata.namespace}/${owner}`);
+      if (type !== "DELETED") this.ctx.exporterChanges.tell(e);
     });
     c.leases.on((_t, l) => this.setsIn(l.metadata.namespace));
     c.secrets.on((_t, sec) => {

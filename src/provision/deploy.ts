@@ -62,6 +62,11 @@ export interface Deployed {
 /**
  * Deploys every live Exporter that has its credentials, in parallel; failures become problems. A change that needs a
  * restart waits while the instance is leased; once its lease ends, those restarts roll one per reconcile.
+ *
+ * Jumpstarter gives new Exporters their credentials one after another, and the first one's event starts the
+ * reconcile: one that waited for the next run, after this one's applies, started a second apply on the same host
+ * only once the first was done (most of a 2x2 deploy, bench/results/quick.md). So while the applies run, Exporters
+ * that get their credentials join them.
  */
 export async function deployAll(
   ctx: Context,
@@ -71,14 +76,14 @@ export async function deployAll(
   placeOf: (e: Exporter) => Pick<HostTarget, "params" | "target"> | undefined,
   problems: Problem[],
 ): Promise<Deployed> {
-  const waiting = live.filter((e) => !e.status?.credential?.name || !e.status?.endpoint).map((e) => e.metadata.name!);
+  const credentialed = (e: Exporter) => !!e.status?.credential?.name && !!e.status?.endpoint;
+  const waiting = live.filter((e) => !credentialed(e)).map((e) => e.metadata.name!);
   const unseen: string[] = [];
   // the restart rolled last is not over while its units are on their way up
   const rolling = live.some((e) => ctx.applied.get(e.metadata.uid!)?.startingSince !== undefined);
   const turn: Turn = { rolling, outdated: [], deployed: [] };
   const { outdated } = turn;
-  const results = await Promise.all(live.map(async (e) => {
-    if (waiting.includes(e.metadata.name!)) return undefined;
+  const deployOne = async (e: Exporter): Promise<AppliedState | undefined> => {
     const place = placeOf(e);
     // leaving its host (placement.ts): it keeps its last known state
     if (!place) return ctx.applied.get(e.metadata.uid!);
@@ -97,15 +102,42 @@ export async function deployAll(
       if (wasDeployed(e)) unseen.push(e.metadata.name!);
       return ctx.applied.get(e.metadata.uid!);
     }
-  }));
+  };
+  const results = new Map<string, AppliedState | undefined>();
+  const deploying = (e: Exporter) =>
+    deployOne(e).then((r) => {
+      results.set(e.metadata.uid!, r);
+    });
+  const late: Promise<void>[] = [];
+  const join = (e: Exporter | undefined) => {
+    const i = e ? waiting.indexOf(e.metadata.name!) : -1;
+    if (!e || i < 0 || !credentialed(e) || e.metadata.deletionTimestamp) return;
+    if (!live.some((x) => x.metadata.uid === e.metadata.uid)) return;
+    waiting.splice(i, 1);
+    late.push(deploying(e));
+  };
+  const stop = ctx.exporterChanges.listen(join);
+  try {
+    const now = Promise.all(live.filter((e) => !waiting.includes(e.metadata.name!)).map(deploying));
+    // and those whose credentials the cache saw since the reconcile read it
+    if (waiting.length < live.length) {
+      for (const name of [...waiting]) join(ctx.caches.exporters.get(set.metadata.namespace, name));
+    }
+    await now;
+  } finally {
+    stop();
+  }
+  await Promise.all(late);
   const leases = ctx.caches.leases.list(set.metadata.namespace);
-  live.forEach((e, i) => {
+  live.forEach((e) => {
     const name = e.metadata.name!;
-    if (!results[i]?.pending || unseen.includes(name) || outdated.some((o) => o.name === name)) return;
+    if (!results.get(e.metadata.uid!)?.pending || unseen.includes(name) || outdated.some((o) => o.name === name)) {
+      return;
+    }
     const lease = leaseHolding(e, leases);
     outdated.push({ name, lease, what: `its restart waits for ${lease ? `lease ${lease} to end` : "its turn"}` });
   });
-  for (const r of results) if (r?.failing) problems.push({ reason: "ExporterFailing", message: r.failing });
+  for (const r of results.values()) if (r?.failing) problems.push({ reason: "ExporterFailing", message: r.failing });
   // one event for the set, not one per instance: 4000 of them slowed 500 sets converging behind a busy API server
   if (turn.deployed.length) {
     const names = turn.deployed.map(([n]) => n).sort();
@@ -117,7 +149,12 @@ export async function deployAll(
       `deployed ${names.join(", ")} to ${hosts.join(", ")} (units <name>-runtime and <name>-exporter)`,
     );
   }
-  return { states: new Map(live.map((e, i) => [e.metadata.uid!, results[i]])), waiting, unseen, outdated };
+  return {
+    states: new Map(live.map((e) => [e.metadata.uid!, results.get(e.metadata.uid!)])),
+    waiting,
+    unseen,
+    outdated,
+  };
 }
 
 async function deploy(
@@ -190,7 +227,13 @@ async function deploy(
     if (!checked.drift.length) {
       if (!checked.starting.length) return up(ctx, e, last, checked.at, now);
       // on its way up (again: systemd restarts an exporter that crashed): not ready, and looked at closely
-      const state = { ...last, at: checked.at, ready: false, startingSince: last.startingSince ?? checked.at };
+      const state = {
+        ...last,
+        at: checked.at,
+        ready: false,
+        startingSince: last.startingSince ?? checked.at,
+        startingLooks: (last.startingLooks ?? 0) + 1,
+      };
       ctx.applied.set(e.metadata.uid!, state);
       return state;
     }
@@ -236,6 +279,7 @@ async function deploy(
     ready: report.ready,
     // the apply queues the units' jobs without waiting for them: one left on its way up is looked at again soon
     startingSince: report.starting ? now : undefined,
+    startingLooks: undefined,
     exited: report.exited,
     pending: report.restartPending,
     failing: trackFailures(ctx, e, report, last !== undefined, now),
@@ -264,10 +308,17 @@ async function deploy(
 const FAST_CHECK_WINDOW_MS = 2 * 60_000;
 const FAST_CHECK_MS = 5_000;
 /**
- * Units left on their way up (an apply queues their start and does not wait) are checked this often, so that the set
- * reports them ready about as soon as they are; one inspection of the host answers for all its instances.
+ * Units left on their way up (an apply queues their start and does not wait) are checked STARTING_FIRST_CHECK_MS
+ * after the apply, then twice as long after each look that finds them still starting, up to STARTING_CHECK_MS, so that
+ * the set reports them ready about as soon as they are: they usually come up 0.3 to 1 s after the apply, and a first
+ * look only after a second was most of a small fleet's deploy (bench/results/quick.md). One inspection of the host
+ * answers for all its instances.
  */
+const STARTING_FIRST_CHECK_MS = 250;
 const STARTING_CHECK_MS = 1_000;
+
+/** How long after the apply, or after the `looks`-th inspection that found them still starting, units are looked at. */
+export const startingCheckMs = (looks: number) => Math.min(STARTING_FIRST_CHECK_MS * 2 ** looks, STARTING_CHECK_MS);
 /**
  * Units still on their way up this long after the apply are applied again, as any not ready were before: a start
  * stuck in a restart loop is then reported, with systemd's restart count and the journal (trackFailures).
@@ -275,14 +326,16 @@ const STARTING_CHECK_MS = 1_000;
 const STARTING_REAPPLY_MS = 20_000;
 
 /**
- * How often the instance is checked on its host: every STARTING_CHECK_MS while its units are on their way up (every
- * FAST_CHECK_MS if its exporter has been found down lately, which keeps a crash loop at the pace of a few seconds),
+ * How often the instance is checked on its host: from STARTING_FIRST_CHECK_MS to STARTING_CHECK_MS while its units are
+ * on their way up (every FAST_CHECK_MS if its exporter has been found down lately, which keeps a crash loop at the pace
+ * of a few seconds),
  * every FAST_CHECK_MS in the window after a start until Jumpstarter reports it Online (an inspection of its host
  * answers for every instance there), else once per resync.
  */
 function checkEveryMs(ctx: Context, last: AppliedState, e: Exporter, now: number): number {
   if (last.startingSince !== undefined) {
-    return Math.min(ctx.exporterFailures.has(e.metadata.uid!) ? FAST_CHECK_MS : STARTING_CHECK_MS, ctx.resyncMs);
+    const soon = startingCheckMs(last.startingLooks ?? 0);
+    return Math.min(ctx.exporterFailures.has(e.metadata.uid!) ? FAST_CHECK_MS : soon, ctx.resyncMs);
   }
   const young = now - last.startedAt < FAST_CHECK_WINDOW_MS;
   return young && onlineReport(e) !== true ? Math.min(FAST_CHECK_MS, ctx.resyncMs) : ctx.resyncMs;
@@ -296,7 +349,9 @@ export function fastCheckInMs(ctx: Context, live: Exporter[]): number {
     if (!last) return Infinity;
     const every = checkEveryMs(ctx, last, e, now);
     const next = Math.min(last.at + every, (last.startingSince ?? Infinity) + STARTING_REAPPLY_MS);
-    return every < ctx.resyncMs || last.startingSince !== undefined ? Math.max(1_000, next - now) : Infinity;
+    // no sooner than a second, but for the first looks at units on their way up
+    const floor = Math.min(every, 1_000);
+    return every < ctx.resyncMs || last.startingSince !== undefined ? Math.max(floor, next - now) : Infinity;
   });
   return Math.min(Infinity, ...due);
 }

@@ -264,12 +264,36 @@ Deno.test("reconcile: units left starting by the apply are ready once an inspect
   assert.ok(later.requeueAfterMs! >= 5_000 - 1_000, `ready: back to the fast-check cadence: ${later.requeueAfterMs}`);
 });
 
+Deno.test("reconcile: an Exporter that gets its credentials while the others apply is deployed by the same reconcile", async () => {
+  const w = new World();
+  await w.reconcile();
+  const [a, b] = w.exporters();
+  w.issueCredentials(a);
+  const apply = w.hosts.apply.bind(w.hosts);
+  w.hosts.apply = async (t, r, opts) => {
+    // Jumpstarter's second issue lands while the first apply is on the host; the controller routes its event
+    if (r.name === a.metadata.name && !w.exporter(b.metadata.name!)!.status?.credential) {
+      w.issueCredentials(b);
+      w.ctx.exporterChanges.tell(w.exporter(b.metadata.name!)!);
+    }
+    return await apply(t, r, opts);
+  };
+  await w.reconcile();
+  assert.deepEqual([w.applies(a.metadata.name!), w.applies(b.metadata.name!)], [1, 1], "both applied by one reconcile");
+  assert.equal(w.set.status?.replicas, 2);
+  assert.equal(w.set.status?.conditions?.find((c) => c.reason === "WaitingForCredentials"), undefined);
+  const seen = w.hosts.calls.length;
+  await w.reconcile();
+  assert.deepEqual(w.hosts.calls.slice(seen), [], "the next reconcile has nothing to apply");
+});
+
 Deno.test("reconcile: Jumpstarter's Online since the start is evidence of ready; an older Online is not", async () => {
   const w = new World();
   w.hosts.startLooks.set(HOST, 1_000);
   const [a, b] = await w.deployed();
   const start = w.clock.toISOString();
-  w.advance(500);
+  // before the first look at units on their way up (250 ms after the apply): only Jumpstarter's word can tell
+  w.advance(200);
   w.patchExporterStatus(a.metadata.name!, {
     conditions: [{ type: "Online", status: "True", reason: "Online", message: "", lastTransitionTime: start }],
   });
@@ -605,6 +629,34 @@ Deno.test("reconcile: a deleted set's Exporters are deleted once the API confirm
   assert.deepEqual(w.exporters(), []);
   for (const e of [a, b]) assert.equal(w.hosts.instance(HOST, e.metadata.name!), undefined);
   assert.deepEqual(await w.reconcile(), {}, "nothing left to look at");
+});
+
+Deno.test("reconcile: an Exporter deleted while another's teardown runs is torn down by the same reconcile", async () => {
+  const w = new World();
+  const [a, b] = await w.deployed();
+  const applies = w.hosts.calls.filter((c) => c.startsWith("apply")).length;
+  await w.kube.delete(EXPORTERS, NS, a.metadata.name!);
+  const remove = w.hosts.remove.bind(w.hosts);
+  w.hosts.remove = async (t, name, uid) => {
+    // the second deletion reaches the cache while the first remove is on the host; the controller routes its event
+    if (name === a.metadata.name && !w.exporter(b.metadata.name!)!.metadata.deletionTimestamp) {
+      await w.kube.delete(EXPORTERS, NS, b.metadata.name!);
+      w.ctx.exporterChanges.tell(w.exporter(b.metadata.name!)!);
+    }
+    return await remove(t, name, uid);
+  };
+  await w.reconcile();
+  assert.deepEqual(
+    w.hosts.calls.filter((c) => c.startsWith("remove")).sort(),
+    [`remove ${HOST} ${a.metadata.name}`, `remove ${HOST} ${b.metadata.name}`],
+    "both removed by one reconcile",
+  );
+  assert.deepEqual([w.exporter(a.metadata.name!), w.exporter(b.metadata.name!)], [undefined, undefined], "both let go");
+  assert.equal(
+    w.hosts.calls.filter((c) => c.startsWith("apply")).length,
+    applies,
+    "the one that joined is not applied",
+  );
 });
 
 Deno.test("reconcile: an Exporter torn down is not torn down again while the cache still shows its finalizer", async () => {

@@ -35,9 +35,10 @@ export async function reconcile(ctx: Context, key: string): Promise<Outcome> {
   // with the Exporters orphaned by `kubectl delete --cascade=orphan`: torn down when they are deleted
   const named = ctx.caches.exporters.list(ns).filter((e) => routedSetName(e) === name);
   const isMine = (e: Exporter) => !!set && e.metadata.ownerReferences!.some((o) => o.uid === set.metadata.uid);
+  const isNamed = (e: Exporter) => e.metadata.namespace === ns && routedSetName(e) === name;
   // Exporters of a deleted set, including an earlier incarnation of a set re-created under the same name.
   const stale = named.filter((e) => !isMine(e));
-  const orphanOutcome = await orphaned(ctx, set, stale);
+  const orphanOutcome = await orphaned(ctx, set, stale, (e) => isNamed(e) && !isMine(e));
   if (!set) {
     ctx.statuses.delete(key);
     return orphanOutcome;
@@ -49,14 +50,16 @@ export async function reconcile(ctx: Context, key: string): Promise<Outcome> {
   const { params, target, pooled, problems } = cls ? configuration(ctx, set, cls) : { problems: [] as Problem[] };
   // 1. Exporters being deleted: tear down on the host first (all at once), then let them go. Also without the class
   // or its Secret: the teardown tries the credentials remembered for the host.
-  const live = owned.filter((e) => !e.metadata.deletionTimestamp);
   const teardown = await finalizeAll(
     ctx,
     set,
     owned.filter((e) => e.metadata.deletionTimestamp),
     target ? [target] : [],
     !!set.metadata.deletionTimestamp,
+    (e) => isNamed(e) && isMine(e),
   );
+  // those deleted meanwhile are gone from their hosts: not deployed again
+  const live = owned.filter((e) => !e.metadata.deletionTimestamp && !teardown.joined.has(e.metadata.uid!));
   problems.push(...teardown.problems);
   if (!cls) {
     await writeStatus(

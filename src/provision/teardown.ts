@@ -146,10 +146,15 @@ async function removeInstance(
 
 /**
  * Exporters of a set that is gone (`current` is the set now under that name, if any): ours are deleted (see
- * deleteOwnerless), then torn down behind our finalizer with the credentials of a class of theirs still there.
- * Exporters that are not ours are left as they are.
+ * deleteOwnerless), then torn down behind our finalizer with the credentials of a class of theirs still there, with
+ * those that `joins` takes meanwhile (finalizeAll). Exporters that are not ours are left as they are.
  */
-export async function orphaned(ctx: Context, current: ExporterSet | undefined, stale: Exporter[]): Promise<Outcome> {
+export async function orphaned(
+  ctx: Context,
+  current: ExporterSet | undefined,
+  stale: Exporter[],
+  joins: (e: Exporter) => boolean,
+): Promise<Outcome> {
   await deleteOwnerless(ctx, current, stale);
   for (const e of stale.filter((e) => e.metadata.deletionTimestamp && !isOurs(e))) {
     if (!e.metadata.finalizers?.includes(FINALIZER)) continue;
@@ -164,6 +169,7 @@ export async function orphaned(ctx: Context, current: ExporterSet | undefined, s
     stale.filter((e) => e.metadata.deletionTimestamp && isOurs(e)),
     [],
     true,
+    (e) => isOurs(e) && joins(e),
   );
   return requeueAfterMs === undefined ? {} : { requeueAfterMs };
 }
@@ -172,7 +178,13 @@ export async function orphaned(ctx: Context, current: ExporterSet | undefined, s
  * Finalizes Exporters being deleted, in parallel as deploys are (one unreachable host must not hold up the instances
  * on the others), each with `targets` first, then the credentials of the classes in its namespace, then those
  * remembered for its host. `owner`: the set whose Events tell of it; none for the Exporters of a set that is gone.
- * Returns the problems and when to look again: for a retry, and at the latest when a grace ends.
+ * Returns the problems, when to look again (for a retry, and at the latest when a grace ends), and the uids of those
+ * that joined.
+ *
+ * The deletions of a set's Exporters reach the cache one after another, and the first one's event starts the
+ * reconcile: one that waited for the next run, after this one's removes, removed a second instance from the same host
+ * only once the first was gone (most of a 2x2 teardown, bench/results/quick.md). So while the removes run, Exporters
+ * that `joins` takes and that are being deleted now join them.
  */
 export async function finalizeAll(
   ctx: Context,
@@ -180,16 +192,37 @@ export async function finalizeAll(
   doomed: Exporter[],
   targets: LabTarget[],
   setDeleted: boolean,
-): Promise<{ problems: Problem[]; requeueAfterMs?: number }> {
-  const results = await Promise.all(
-    doomed.map((e) =>
-      finalize(ctx, owner ?? e, e, [...targets, ...deployedTargets(ctx.caches, ctx.provisioner, e)], setDeleted)
-    ),
-  );
+  joins: (e: Exporter) => boolean = () => false,
+): Promise<{ problems: Problem[]; requeueAfterMs?: number; joined: Set<string> }> {
+  const one = (e: Exporter) =>
+    finalize(ctx, owner ?? e, e, [...targets, ...deployedTargets(ctx.caches, ctx.provisioner, e)], setDeleted);
+  const all = [...doomed];
+  const joined = new Set<string>();
+  const late: Promise<Problem | undefined>[] = [];
+  const join = (e: Exporter) => {
+    if (!e.metadata.deletionTimestamp || all.some((x) => x.metadata.uid === e.metadata.uid) || !joins(e)) return;
+    all.push(e);
+    joined.add(e.metadata.uid!);
+    late.push(one(e));
+  };
+  const stop = ctx.exporterChanges.listen(join);
+  // and those whose deletion the cache saw since the reconcile read it (deleteOwnerless's own among them)
+  if (doomed.length) ctx.caches.exporters.list(doomed[0].metadata.namespace).forEach(join);
+  let results: (Problem | undefined)[];
+  try {
+    results = await Promise.all(doomed.map(one));
+  } finally {
+    stop();
+  }
+  results.push(...await Promise.all(late));
   const problems = results.filter((p): p is Problem => p !== undefined);
-  if (!problems.length) return { problems };
-  const graceEnds = Math.min(...doomed.map((e) => graceLeftMs(ctx, e)).filter((ms) => ms > 0));
-  return { problems, requeueAfterMs: Math.min(retryAfterMs(ctx.resyncMs, problems), Math.max(1_000, graceEnds)) };
+  if (!problems.length) return { problems, joined };
+  const graceEnds = Math.min(...all.map((e) => graceLeftMs(ctx, e)).filter((ms) => ms > 0));
+  return {
+    problems,
+    requeueAfterMs: Math.min(retryAfterMs(ctx.resyncMs, problems), Math.max(1_000, graceEnds)),
+    joined,
+  };
 }
 
 /**
