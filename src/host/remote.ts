@@ -78,8 +78,13 @@ export function podmanTooOld(version: string): boolean | undefined {
 
 /** Where the scripts keep what they know about the host between runs; in /run, as a reboot starts every unit anew. */
 export const RUN_DIR = `/run/${PROVISIONER}`;
-/** The lock every apply and remove on a host holds while it looks at, writes or removes files and queues systemd jobs. */
+/**
+ * The lock every apply and remove on a host holds while it looks at, writes or removes files and queues systemd jobs:
+ * shared, and exclusive for a daemon-reload (lib.sh lock_host).
+ */
 export const HOST_LOCK = `${RUN_DIR}/lock`;
+/** An instance's own lock, held with the shared host lock: one script at a time for a name. */
+export const nameLockPath = (name: string) => `${RUN_DIR}/${name}.lock`;
 /**
  * How long a script waits for the host lock before refusing with host-busy. Holders keep it for file writes, one
  * daemon-reload and queued (not awaited) systemd jobs: seconds. Well inside the SSH command timeout (120 s).
@@ -169,6 +174,7 @@ export function applyScript(r: RenderedInstance, opts: ApplyOptions): string {
   const access = kvmAccess(r.facts?.kvm ?? null);
   return script(`${r.name}: apply`, {
     NAME: r.name,
+    NAME_LOCK: nameLockPath(r.name),
     UID_: r.uid,
     NAMESPACE: r.namespace,
     CONTROLLER: r.controller ?? "",
@@ -211,6 +217,7 @@ export function removeScript(name: string, opts: RemoveOptions = {}): string {
   const units = [`${name}-runtime.service`, `${name}-exporter.service`];
   return script(`${name}: remove`, {
     UID_: opts.uid ?? "",
+    NAME_LOCK: nameLockPath(name),
     RT: units[0],
     EX: units[1],
     CONTAINERS: [`${name}-exporter`, `${name}-runtime`, stageContainer(name)].join(" "),

@@ -910,8 +910,8 @@ Deno.test({
         async () => (await hostExec(host, `flock -n ${HOST_LOCK} true`)).code !== 0,
       );
       const script = applyScript(render(all[1]), { kvmRequired: true }).replace(
-        `flock -w ${LOCK_WAIT_SECONDS} 9`,
-        "flock -w 1 9",
+        `\nLOCK_WAIT_SECONDS='${LOCK_WAIT_SECONDS}'\n`,
+        "\nLOCK_WAIT_SECONDS='1'\n",
       );
       const out = await runScript(host, script);
       const report = parseApplyOutput(out.stdout, out.stderr, out.code);

@@ -286,6 +286,7 @@ podman() {
   const script = withValues(s, LIB_SH, {
     RUN_DIR: dir,
     HOST_LOCK: `${dir}/lock`,
+    NAME_LOCK: moved(v.NAME_LOCK),
     LOCK_WAIT_SECONDS: wait,
     FILES: v.FILES.split("\n").map(moved).join("\n"),
     MOUNT_DIR: moved(v.MOUNT_DIR),
@@ -349,31 +350,32 @@ Deno.test("inspectScript: scripts/inspect.sh after the constants, valid sh", asy
   assert.ok(s.startsWith("# inspect\n") && s.endsWith(LIB_SH + INSPECT_SH));
 });
 
-Deno.test("coalesced daemon-reload, under dash and bash: a reload that began after a script's writes covers them", async () => {
+Deno.test("coalesced daemon-reload, under dash and bash: the first script under the exclusive lock reloads for all that wrote", async () => {
   for (const shell of SHELLS) {
     const dir = await Deno.makeTempDir();
     try {
-      // each call is one script's turn: its gen (after its writes), then its reload; systemctl records the reloads
-      const s = withValues(removeScript("pool-x7k2p"), LIB_SH, { RUN_DIR: dir, HOST_LOCK: `${dir}/lock` });
+      // each call is one script's turn: its mark (after its writes), then its reload; systemctl records the reloads
+      const s = withValues(removeScript("pool-x7k2p"), LIB_SH, {
+        RUN_DIR: dir,
+        HOST_LOCK: `${dir}/lock`,
+        NAME_LOCK: `${dir}/pool-x7k2p.lock`,
+      });
       const turn = async (steps: string) => {
         const out = await runShell(shell, `${definitions(s)}${recorder(["systemctl"])}${steps}\n`);
         assert.equal(out.code, 0, `${shell}: ${out.stderr}`);
         return out.stdout;
       };
-      // A and B wrote (gens 1 and 2); B's reload reads gen 2 and covers A's writes as well as its own
-      await turn("reload_owed");
-      const b = await turn("reload_owed; reload_systemd");
+      // A and B wrote; B's reload covers A's writes as well as its own
+      await turn("lock_host -s; reload_owed");
+      const b = await turn("lock_host -s; reload_owed; lock_host -x; reload_systemd");
       assert.deepEqual(records(b), [["systemctl", "daemon-reload"]], shell);
       assert.match(b, /qsp reloaded\n$/);
-      const a = await turn("my_gen=1; reload_systemd");
+      const a = await turn("lock_host -x; reload_systemd");
       assert.deepEqual([records(a), a], [[], ""], `${shell}: A's writes were covered`);
       // C wrote after that reload: it reloads again
-      const c = await turn("reload_owed; reload_systemd");
+      const c = await turn("lock_host -s; reload_owed; lock_host -x; reload_systemd");
       assert.deepEqual(records(c), [["systemctl", "daemon-reload"]], shell);
-      assert.deepEqual(
-        [await Deno.readTextFile(`${dir}/reload-gen`), await Deno.readTextFile(`${dir}/reloaded-gen`)],
-        ["3\n", "3\n"],
-      );
+      await assert.rejects(Deno.stat(`${dir}/reload-owed`), Deno.errors.NotFound);
     } finally {
       await Deno.remove(dir, { recursive: true });
     }

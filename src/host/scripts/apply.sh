@@ -1,8 +1,8 @@
 # apply: makes the host run one instance, idempotently (remote.ts applyScript). After lib.sh; the header sets NAME,
-# UID_, NAMESPACE, CONTROLLER, RT, EX (units), RTQ, EXQ (their quadlets), VOLUME, DISK, IMG, DISK_BYTES, DISK_MIB,
-# PENDING, RENDERED_FACTS (the host facts the files were rendered for), KVM_REQUIRED, KVM_DENIED_MODE, KVM_GID,
-# DEVICES (one a line), KEEP_EXITED, DEFER_RESTART, and FILES: one line per file, KIND SECRET MODE OWNER SHA256
-# BASE64 PATH LINK..., KIND runtime, exporter or config (which units a change affects), SECRET 1 or 0;
+# NAME_LOCK, UID_, NAMESPACE, CONTROLLER, RT, EX (units), RTQ, EXQ (their quadlets), VOLUME, DISK, IMG, DISK_BYTES,
+# DISK_MIB, PENDING, RENDERED_FACTS (the host facts the files were rendered for), KVM_REQUIRED, KVM_DENIED_MODE,
+# KVM_GID, DEVICES (one a line), KEEP_EXITED, DEFER_RESTART, and FILES: one line per file, KIND SECRET MODE OWNER
+# SHA256 BASE64 PATH LINK..., KIND runtime, exporter or config (which units a change affects), SECRET 1 or 0;
 # STAGE_SCRIPT, STAGE_HASH, STAGE_SH: where the host keeps remote.ts STAGE_SCRIPT_TEXT, its sha256 and its base64.
 
 # FN: FN for each file of FILES, with its fields in f_kind, f_secret, f_mode, f_owner, f_hash, f_content, f_path and
@@ -190,8 +190,7 @@ fi
 refuse_if_errors
 
 step=lock
-writing
-lock_host
+lock_host -s
 
 step=ownership
 each_file check_paths
@@ -212,27 +211,30 @@ each_file write_file
 
 step=stage-script
 # The host's, not the instance's: every runtime's ExecStartPre runs it at its next start, so its rewrite is no change
-# of this instance and restarts nothing. Under the lock, as the applies of other instances write it too.
+# of this instance and restarts nothing. Replaced atomically: the applies of other instances write it too, side by
+# side.
 (umask 022 && mkdir -p "${STAGE_SCRIPT%/*}")
 replace "$STAGE_SCRIPT" 755 0 "$STAGE_HASH" "$STAGE_SH"
 
 step=daemon-reload
 # Reload when a quadlet changed, and when systemd has not caught up with one (an earlier apply died before it). Right
-# after the writes (the generator needs no volume), so that applies at once hold the host lock only briefly before it
-# and reach the reload together.
+# after the writes (the generator needs no volume), so that applies at once reach the exclusive lock together and
+# share one reload.
 reload=0
 if [ "$rt_changed$ex_changed" != 00 ]; then reload=1; fi
 for u in "$RT" "$EX"; do
   unit "$u"
   if [ "$load" != loaded ] || [ "$need_reload" != no ]; then reload=1; fi
 done
-if [ "$reload" = 1 ]; then reload_owed; fi
-written
 if [ "$reload" = 1 ]; then
-  unlock_host
+  reload_owed
+  step=lock
+  lock_host -x
+  step=daemon-reload
   reload_systemd
-  lock_host
-  # A remove may have run while the lock was free: go on only with every file still there and ours, else a unit
+  step=lock
+  lock_host -s
+  # A remove may have run while the lock was dropped: go on only with every file still there and ours, else a unit
   # would be started without its quadlet, config or volumes.
   step=ownership
   each_file check_present

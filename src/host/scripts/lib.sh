@@ -64,61 +64,47 @@ check_owner() {
   fi
 }
 
-# Serializes the scripts on one host. Without it another script's daemon-reload can load an instance's new definition
-# between its file writes and its look at what changed, and a remove's ownership check can go stale before its rm.
-# flock's lock goes with the process: a script killed while holding it does not block the next one.
+# The host lock, shared or exclusive, and each instance's own lock (NAME_LOCK) beneath the shared one. A script
+# writes, checks and starts its own instance's files and units under the shared lock and its instance's, so scripts of
+# other instances go on side by side, and one of the same name (another namespace's too) cannot slip in between an
+# ownership check and the writes or removals it allows. A daemon-reload needs the host lock exclusive: no script is
+# then between its writes and its look at what systemd loaded. flock's locks go with the process: a script killed
+# while holding one does not block the next.
+# FD FILE MODE (-s, -x): FILE's lock on FD (open on FILE), in MODE, waited for at most LOCK_WAIT_SECONDS, else refused
+lock() {
+  if ! flock "$3" -w "$LOCK_WAIT_SECONDS" "$1"; then
+    err "host-busy another apply or remove on this host has held $2 for over ${LOCK_WAIT_SECONDS}s; \
+it is retried; if this persists, see which process holds it: fuser -v $2"
+    refuse_if_errors
+  fi
+}
+# MODE: the host lock in MODE, and with the shared one the instance's (taken after it). Taken again in the other mode,
+# it is dropped first (so whoever waited may come in between), and the instance's before it: waiting for the exclusive
+# one with it would wait on a script of the same name that waits for it.
 lock_host() {
-  mkdir -p "$RUN_DIR"
+  unlock_host
+  if [ ! -d "$RUN_DIR" ]; then mkdir -p "$RUN_DIR"; fi
   exec 9>>"$HOST_LOCK"
-  if ! flock -w "$LOCK_WAIT_SECONDS" 9; then
-    err "host-busy another apply or remove on this host has held $HOST_LOCK for over ${LOCK_WAIT_SECONDS}s; \
-it is retried; if this persists, see which process holds it: fuser -v $HOST_LOCK"
-    refuse_if_errors
+  lock 9 "$HOST_LOCK" "$1"
+  if [ "$1" = -s ]; then
+    exec 8>>"$NAME_LOCK"
+    lock 8 "$NAME_LOCK" -x
   fi
 }
-unlock_host() { exec 9>&-; }
+unlock_host() { exec 8>&- 9>&-; }
 
-# Coalesced daemon-reload: systemd serializes reloads, so N scripts writing quadlets at once share one or two rather
-# than queue N. Each bumps a generation counter after its writes (reload_owed, under the host lock, so no bump is
-# lost and none precedes its writes) and then calls reload_systemd without the host lock: a reload that read the
-# counter at or past its generation began after its writes and covers them. Scripts wait on a lock of their own.
-# A script holds a shared lock on RUN_DIR/writers from its host lock until it has written and bumped (writing,
-# written): a reload waits (bounded) for those, so scripts that arrive together share it; a killed one's lock goes.
-writing() {
-  mkdir -p "$RUN_DIR"
-  exec 7>>"$RUN_DIR/writers"
-  flock -s 7
-}
-written() { exec 7>&-; }
-# NAME: the counter in RUN_DIR/NAME, 0 before the first bump (since boot: RUN_DIR is in /run)
-get_gen() { cat "$RUN_DIR/$1" 2>/dev/null || echo 0; }
-# NAME VALUE: replaced atomically (the counters are read without the lock that writes them)
-put_gen() {
-  printf '%s\n' "$2" >"$RUN_DIR/.$1.tmp"
-  mv -f "$RUN_DIR/.$1.tmp" "$RUN_DIR/$1"
-}
-reload_owed() {
-  my_gen=$(($(get_gen reload-gen) + 1))
-  put_gen reload-gen "$my_gen"
-}
+# Coalesced daemon-reload: systemd serializes reloads, so scripts writing quadlets at once share one rather than queue
+# one each. A script that needs one marks it owed after its writes (reload_owed, under the shared lock) and calls
+# reload_systemd under the exclusive lock: whoever holds that first after the mark reloads for every script that
+# marked it, as none of them is writing then, and clears the mark; the others find it cleared, their writes covered.
+reload_owed() { : >"$RUN_DIR/reload-owed"; }
 reload_systemd() {
-  exec 8>>"$RUN_DIR/reload-lock"
-  if ! flock -w "$LOCK_WAIT_SECONDS" 8; then
-    err "host-busy another script on this host has held $RUN_DIR/reload-lock for over ${LOCK_WAIT_SECONDS}s; \
-it is retried; if this persists, see which process holds it: fuser -v $RUN_DIR/reload-lock"
-    refuse_if_errors
-  fi
-  if [ "$(get_gen reloaded-gen)" -lt "$my_gen" ]; then
-    # writers hold it for a fraction of a second; a stuck one delays this reload by 2 s at most
-    exec 7>>"$RUN_DIR/writers"
-    flock -x -w 2 7 || true
-    exec 7>&-
-    g=$(get_gen reload-gen)
+  if [ -e "$RUN_DIR/reload-owed" ]; then
     systemctl daemon-reload
-    put_gen reloaded-gen "$g"
+    # after the reload: a script killed during it leaves the mark to the next
+    rm -f "$RUN_DIR/reload-owed"
     say reloaded
   fi
-  exec 8>&-
 }
 
 # Sets facts to this host's wire form (host_facts.ts factsWire). `stat -L`: /dev/kvm may be a symlink to the node

@@ -1,7 +1,7 @@
 # remove: takes one instance off the host (remote.ts removeScript). After lib.sh; the header sets UID_ (empty: any of
-# ours), RT, EX (units), CONTAINERS, FILES (the files written, one a line), MOUNT_DIR (the config's directory), VOLUME,
-# DISK (the /disk volume), IMG (its image), STARTED (the units' records) and PENDING (an older apply's marker, or '').
-# render.ts names have no blanks or glob characters, so the lists split on blanks.
+# ours), NAME_LOCK, RT, EX (units), CONTAINERS, FILES (the files written, one a line), MOUNT_DIR (the config's
+# directory), VOLUME, DISK (the /disk volume), IMG (its image), STARTED (the units' records) and PENDING (an older
+# apply's marker, or ''). render.ts names have no blanks or glob characters, so the lists split on blanks.
 removed=0
 gone() {
   removed=$((removed + 1))
@@ -11,8 +11,7 @@ gone() {
 # the host lock, and the files still ours (or none of anyone's) under it
 lock_owned() {
   step=lock
-  writing
-  lock_host
+  lock_host -s
   step=ownership
   for f in $FILES; do check_owner "$f" "$UID_"; done
   refuse_if_errors
@@ -21,8 +20,8 @@ lock_owned() {
 lock_owned
 
 step=stop
-# Queued under the lock (in order with other scripts' jobs for these units), awaited without it (nor the writers'
-# lock, lib.sh writing): a unit takes seconds to stop, and removes on one host need not wait for each other's.
+# Queued under the lock (in order with other scripts' jobs for these units), awaited without it: a unit takes seconds
+# to stop, and a reload (under the exclusive lock) need not wait for it.
 stop=
 for u in "$EX" "$RT"; do
   unit "$u"
@@ -36,7 +35,6 @@ done
 if [ -n "$stop" ]; then
   # shellcheck disable=SC2086 # unit names, no blanks
   systemctl stop --no-block $stop
-  written
   unlock_host
   # joins the queued jobs and returns once they are done (bounded by the units' stop timeouts)
   # shellcheck disable=SC2086
@@ -98,10 +96,13 @@ if [ -n "$ours" ]; then
 fi
 
 if [ "$quadlet_gone" = 1 ]; then reload_owed; fi
-written
-unlock_host
+step=lock
+# exclusive: no script holds or waits for the instance's lock, so its file goes too
+lock_host -x
+rm -f "$NAME_LOCK"
 step=daemon-reload
-if [ "$quadlet_gone" = 1 ]; then reload_systemd; fi
+reload_systemd
+unlock_host
 # a unit that failed lingers in systemctl's list after its file is gone
 systemctl reset-failed "$EX" "$RT" >/dev/null 2>&1 || true
 if [ "$removed" = 0 ]; then say removed nothing; fi

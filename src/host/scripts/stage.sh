@@ -5,8 +5,8 @@
 # IMAGE VOLUME CONTAINER`: PULL is Podman's pull policy for the image (always, missing, never, newer), VOLUME the
 # shared volume, CONTAINER the name of the instance's temporary container the launcher is copied out of (render.ts
 # stageContainer). No container runs: the launcher is copied out of an image once per image id, and only copied onto
-# the volume at each start, so a new image (a floating tag updated) brings its own.
-# systemd's PATH, which finds podman, as the quadlet's own podman command does
+# the volume at each start, so a new image (a floating tag updated) brings its own. It keeps systemd's PATH, which
+# finds podman as the quadlet's own podman command does.
 set -eu
 export LC_ALL=C
 if [ $# != 4 ]; then
