@@ -7,8 +7,10 @@
  *   host, the exporter registering and going Online, and the shell. Upstream's cold path is a pending lease on a
  *   WaitForFirstConsumer pool, but v0.7.1 (the only real controller obtainable here) ends a lease whose selector
  *   matches no Exporter at once (Unsatisfiable, NoExporter), before this controller has created one. So the demand
- *   is raising the set's minReplicas from 0 to 1, and `jmp shell` starts once the Exporter object exists (its lease
- *   then waits, pending, for the exporter to come Online).
+ *   is raising the set's minReplicas from 0 to 1, and `jmp shell` starts once the Exporter object exists. On a quiet
+ *   machine its lease comes before the exporter is Online, so v0.7.1 ends that one too (NoExporter, lease_controller.go
+ *   207-217), and jmp 0.9.0 creates the next one 5 s later (jumpstarter/client/lease.py 224-235): those 5 s are
+ *   upstream's.
  * - warm: an Immediate pool with an exporter Online and idle for `--warm-idle` seconds (10): lease and shell only.
  *
  * Times run from the demand (cold) or the Lease object's appearance (warm, polled every 100 ms) to the exporter
@@ -20,6 +22,7 @@ import { parseArgs } from "node:util";
 import { KubeClient } from "../src/kube/client.ts";
 import { EXPORTER_SETS, EXPORTERS, JUMPSTARTER_LEASES, VIRTUAL_TARGET_CLASSES } from "../src/kube/resources.ts";
 import type { Exporter, ExporterSet, KubeObject, Lease, VirtualTargetClass } from "../src/api/types.ts";
+import { leaseState } from "../src/provision/leases.ts";
 import { seedExample, waitFor } from "../test/env.ts";
 import type { LabHost } from "../test/labhost/labhost.ts";
 import { HostProbe } from "./hosts.ts";
@@ -30,9 +33,7 @@ const { values } = parseArgs({
   options: { leases: { type: "string", default: "10" }, "warm-idle": { type: "string", default: "10" } },
 });
 const N = Number(values.leases);
-// A warm pool's exporter has sat idle for a while when a user comes. One leased the moment it came Online waits about
-// 4 s more (measured here: warm-shell 5.24 s p50 at --warm-idle 0, the same 4 s as the cold path's Online -> shell),
-// outside this controller, which takes no part in leasing an Online exporter: --warm-idle 0 measures that.
+// A warm pool's exporter has sat idle for a while when a user comes; --warm-idle 0 leases it the moment it can be.
 const WARM_IDLE_MS = Number(values["warm-idle"]) * 1000;
 const ROOT = new URL("../", import.meta.url).pathname;
 const SANDBOX = `${ROOT}.sandbox`;
@@ -50,7 +51,9 @@ const client = await KubeClient.load(`${SANDBOX}/kubeconfig`);
 const [host]: LabHost[] = JSON.parse(await Deno.readTextFile(`${SANDBOX}/labhosts.json`));
 const probe = new HostProbe();
 
-const online = (e: Exporter) => e.status?.conditions?.some((c) => c.type === "Online" && c.status === "True");
+const condition = (e: Exporter, type: string) =>
+  e.status?.conditions?.some((c) => c.type === type && c.status === "True");
+const online = (e: Exporter) => condition(e, "Online");
 const pool = (set: string) =>
   client.list<Exporter>(EXPORTERS, NS).then((l) => l.items.filter((e) => e.metadata.labels?.pool === set));
 const now = () => Date.now();
@@ -145,19 +148,25 @@ async function lease(name: string, cold: boolean): Promise<Sample> {
   return sample;
 }
 
-/** Waits until the pool is ready for the next lease: cold empty, warm with an idle Online exporter. */
+/**
+ * Waits until the pool is ready for the next lease: cold empty, warm with an idle exporter Jumpstarter can lease
+ * (Registered and Online, which is all v0.7.1 asks). One whose lease has ended is not idle but on its way out
+ * (ExitAndReplace); taking it for the pool's idle member leased into the gap before its replacement came Online, and
+ * v0.7.1 then ended the lease at once (Unsatisfiable, NoExporter) and jmp tried again 5 s later.
+ */
 async function settled(name: string, cold: boolean) {
   await waitFor(async () => {
     const es = await pool(name);
     if (cold) return es.length === 0;
 
+    const leases = (await client.list<Lease>(JUMPSTARTER_LEASES, NS)).items;
     const since = (e: Exporter) =>
       Date.parse(e.status?.conditions?.find((c) => c.type === "Online")?.lastTransitionTime ?? "");
     return es.some((e) =>
-      online(e) && !e.status?.leaseRef && e.spec?.enabled !== false && !e.metadata.deletionTimestamp &&
-      now() - since(e) >= WARM_IDLE_MS
+      online(e) && condition(e, "Registered") && leaseState(e, leases) === "none" && e.spec?.enabled !== false &&
+      !e.metadata.deletionTimestamp && now() - since(e) >= WARM_IDLE_MS
     );
-  }, { what: `pool ${name} ${cold ? "empty" : "with an idle Online exporter"}`, timeoutMs: 300_000 });
+  }, { what: `pool ${name} ${cold ? "empty" : "with an idle exporter to lease"}`, timeoutMs: 300_000 });
 }
 
 const s = (ms: number) => (ms / 1000).toFixed(2);

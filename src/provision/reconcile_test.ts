@@ -489,6 +489,9 @@ Deno.test("reconcile: ExitAndReplace replaces an instance once a Lease naming it
   await w.reconcile();
   assert.ok(w.exporter(a.metadata.name!)?.metadata.deletionTimestamp, "replaced once the lease ended");
   assert.ok(!w.exporter(b.metadata.name!)?.metadata.deletionTimestamp);
+  // a user's next lease cannot have it: not available from the reconcile that recycles it on (b is; the third is
+  // still on its way up)
+  assert.deepEqual([w.set.status?.availableReplicas, w.set.status?.exportersDisabled], [1, 1]);
   await w.reconcile();
   assert.equal(w.exporter(a.metadata.name!), undefined);
   assert.equal(w.hosts.instance(HOST, a.metadata.name!), undefined);

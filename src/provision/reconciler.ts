@@ -131,7 +131,8 @@ export async function reconcile(ctx: Context, key: string): Promise<Outcome> {
   // 4. Status.
   const exporterStates: ExporterState[] = live.map((e, i) => ({
     name: e.metadata.name!,
-    enabled: views[i].enabled && !p.drain.includes(views[i].name),
+    // drained or recycled by this reconcile: no lease can land on it any more
+    enabled: views[i].enabled && !p.drain.includes(views[i].name) && !p.recycle.includes(views[i].name),
     leased: views[i].leased,
     // never looked at by this process (it restarted) and not reachable now: Jumpstarter's word
     ready: lastKnown(ctx, states, e.metadata.uid!)?.ready ?? onlineReport(e) === true,
