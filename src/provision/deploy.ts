@@ -328,9 +328,8 @@ const STARTING_REAPPLY_MS = 20_000;
 /**
  * How often the instance is checked on its host: from STARTING_FIRST_CHECK_MS to STARTING_CHECK_MS while its units are
  * on their way up (every FAST_CHECK_MS if its exporter has been found down lately, which keeps a crash loop at the pace
- * of a few seconds),
- * every FAST_CHECK_MS in the window after a start until Jumpstarter reports it Online (an inspection of its host
- * answers for every instance there), else once per resync.
+ * of a few seconds), every FAST_CHECK_MS in the window after a start until Jumpstarter reports it Online (an
+ * inspection of its host answers for every instance there), else once per resync.
  */
 function checkEveryMs(ctx: Context, last: AppliedState, e: Exporter, now: number): number {
   if (last.startingSince !== undefined) {
