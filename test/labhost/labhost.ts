@@ -183,9 +183,23 @@ export function sshArgs(host: LabHost): string[] {
 }
 
 /**
+ * sshd (OpenSSH >= 9.8, PerSourcePenalties) refuses every connection from an address that failed authentication a few
+ * times, for seconds to minutes, before its banner. The tests connect from the address the controller uses, so after a
+ * fault with a wrong key they are shut out with it.
+ */
+const REFUSED_BEFORE_BANNER = /kex_exchange_identification: (Connection closed by remote host|read: Connection reset)/;
+const REFUSED_WAIT_MS = 90_000;
+
+/**
  * Runs a shell command on a lab host with the system ssh client and strict host key checking. For test assertions
- * only: the product connects with its own SSH code.
+ * only: the product connects with its own SSH code. While sshd shuts the address out before its banner, the command
+ * is tried again (bounded): what the test looks at is the host, not sshd's penalty on the controller's address.
  */
 export async function hostExec(host: LabHost, command: string): Promise<ExecResult> {
-  return await run("ssh", [...sshArgs(host), command]);
+  const deadline = Date.now() + REFUSED_WAIT_MS;
+  for (;;) {
+    const r = await run("ssh", [...sshArgs(host), command]);
+    if (r.code !== 255 || !REFUSED_BEFORE_BANNER.test(r.stderr) || Date.now() > deadline) return r;
+    await new Promise((resolve) => setTimeout(resolve, 1_000));
+  }
 }
