@@ -2,7 +2,7 @@
  * Every write a reconcile makes to the API: Exporters created, re-enabled, drained, deleted and annotated, and the
  * set's status. Each write records its Event on the set or Exporter.
  */
-import type { Exporter, ExporterSet, ExporterSetStatus } from "../api/types.ts";
+import type { Exporter, ExporterSet, ExporterSetStatus, VirtualTargetClass } from "../api/types.ts";
 import { isConflict, isNotFound } from "../kube/client.ts";
 import { EXPORTER_SETS, EXPORTERS } from "../kube/resources.ts";
 import { leaseHolding } from "./leases.ts";
@@ -121,6 +121,7 @@ async function createExporters(ctx: Context, set: ExporterSet, n: number, places
   if (n <= 0) return;
   const m = set.metadata;
   const marks = templateMarks(set);
+  const cls = ctx.caches.classes.get(m.namespace, set.spec.virtualTargetClassName);
   if (marks.dropped.length) {
     ctx.recorder.event(
       set,
@@ -135,7 +136,7 @@ async function createExporters(ctx: Context, set: ExporterSet, n: number, places
   let failure: unknown;
   for (let batch = 1, done = 0; done < n && failure === undefined; done += batch, batch *= 2) {
     const results = await Promise.allSettled(
-      Array.from({ length: Math.min(batch, n - done) }, (_, i) => createOne(ctx, set, marks, places[done + i])),
+      Array.from({ length: Math.min(batch, n - done) }, (_, i) => createOne(ctx, set, marks, cls, places[done + i])),
     );
     results.forEach((r, i) => {
       if (r.status === "fulfilled") {
@@ -163,6 +164,7 @@ function createOne(
   ctx: Context,
   set: ExporterSet,
   marks: ReturnType<typeof templateMarks>,
+  cls: VirtualTargetClass | undefined,
   where: string | undefined,
 ): Promise<Exporter> {
   const m = set.metadata;
@@ -174,7 +176,7 @@ function createOne(
       annotations: where
         ? {
           ...marks.annotations,
-          ...targetAnnotations(where, ctx.caches.classes.get(m.namespace, set.spec.virtualTargetClassName)),
+          ...targetAnnotations(where, cls),
         }
         : marks.annotations,
       finalizers: [FINALIZER],
