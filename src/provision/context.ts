@@ -134,6 +134,44 @@ export class Listeners<T> {
   }
 }
 
+/**
+ * Runs `work` on each of `first` at once and, until those end, on each Exporter that `takes` accepts, told by `changes`
+ * or among `cached` (what the cache saw since the reconcile read it), once per uid: a reconcile's host work takes in the
+ * Exporters that became ready for it meanwhile (deploy.ts deployAll, teardown.ts finalizeAll). With no `first`, none
+ * join. Resolves with every result by uid, those that joined included, and the Exporters that joined.
+ */
+export async function withJoiners<R>(
+  changes: Listeners<Exporter>,
+  first: Exporter[],
+  cached: () => (Exporter | undefined)[],
+  takes: (e: Exporter) => boolean,
+  work: (e: Exporter) => Promise<R>,
+): Promise<{ results: Map<string, R>; joined: Exporter[] }> {
+  const results = new Map<string, R>();
+  const joined: Exporter[] = [];
+  const run = (e: Exporter) => work(e).then((r) => void results.set(e.metadata.uid!, r));
+  const late: Promise<void>[] = [];
+  const join = (e: Exporter | undefined) => {
+    const uid = e?.metadata.uid;
+    const seen = (x: Exporter) => x.metadata.uid === uid;
+    if (!e || !uid || joined.some(seen) || first.some(seen) || !takes(e)) return;
+    joined.push(e);
+    late.push(run(e));
+  };
+  if (first.length) {
+    const stop = changes.listen(join);
+    try {
+      const now = Promise.all(first.map(run));
+      cached().forEach(join);
+      await now;
+    } finally {
+      stop();
+    }
+  }
+  await Promise.all(late);
+  return { results, joined };
+}
+
 export interface HostCheck {
   /** When the inspection began: it describes the host no earlier than this. */
   at: number;

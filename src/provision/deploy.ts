@@ -10,7 +10,7 @@ import { applyForFacts, type ApplyOutcome } from "../host/lab.ts";
 import { factsKey } from "../host/host_facts.ts";
 import type { InstanceParams } from "../host/instance_params.ts";
 import { decodeSecretValue, type LabTarget } from "./credentials.ts";
-import type { AppliedState, Context, ExporterFailures } from "./context.ts";
+import { type AppliedState, type Context, type ExporterFailures, withJoiners } from "./context.ts";
 import { driftSince } from "./host_checks.ts";
 import { withHostFacts } from "./first_contact.ts";
 import { leaseHolding, leaseState, onlineReport } from "./leases.ts";
@@ -103,32 +103,18 @@ export async function deployAll(
       return ctx.applied.get(e.metadata.uid!);
     }
   };
-  const results = new Map<string, AppliedState | undefined>();
-  const deploying = (e: Exporter) =>
-    deployOne(e).then((r) => {
-      results.set(e.metadata.uid!, r);
-    });
-  const late: Promise<void>[] = [];
-  const join = (e: Exporter | undefined) => {
-    const i = e ? waiting.indexOf(e.metadata.name!) : -1;
-    if (!e || i < 0 || !credentialed(e) || e.metadata.deletionTimestamp) return;
-    if (!live.some((x) => x.metadata.uid === e.metadata.uid)) return;
-    waiting.splice(i, 1);
-    late.push(deploying(e));
-  };
-  const stop = ctx.exporterChanges.listen(join);
-  try {
-    const now = Promise.all(live.filter((e) => !waiting.includes(e.metadata.name!)).map(deploying));
-    // and those whose credentials the cache saw since the reconcile read it
-    if (waiting.length < live.length) {
-      for (const name of [...waiting]) join(ctx.caches.exporters.get(set.metadata.namespace, name));
-    }
-    await now;
-  } finally {
-    stop();
-  }
-  await Promise.all(late);
-  const leases = ctx.caches.leases.list(set.metadata.namespace);
+  const ns = set.metadata.namespace;
+  const { results, joined } = await withJoiners(
+    ctx.exporterChanges,
+    live.filter((e) => !waiting.includes(e.metadata.name!)),
+    () => waiting.map((name) => ctx.caches.exporters.get(ns, name)),
+    (e) =>
+      waiting.includes(e.metadata.name!) && credentialed(e) && !e.metadata.deletionTimestamp &&
+      live.some((x) => x.metadata.uid === e.metadata.uid),
+    deployOne,
+  );
+  const stillWaiting = waiting.filter((name) => !joined.some((e) => e.metadata.name === name));
+  const leases = ctx.caches.leases.list(ns);
   live.forEach((e) => {
     const name = e.metadata.name!;
     if (!results.get(e.metadata.uid!)?.pending || unseen.includes(name) || outdated.some((o) => o.name === name)) {
@@ -151,7 +137,7 @@ export async function deployAll(
   }
   return {
     states: new Map(live.map((e) => [e.metadata.uid!, results.get(e.metadata.uid!)])),
-    waiting,
+    waiting: stillWaiting,
     unseen,
     outdated,
   };

@@ -9,7 +9,7 @@ import { isConflict, isNotFound } from "../kube/client.ts";
 import type { Outcome } from "../kube/queue.ts";
 import { EXPORTER_SETS, EXPORTERS } from "../kube/resources.ts";
 import type { LabTarget } from "./credentials.ts";
-import type { Context } from "./context.ts";
+import { type Context, withJoiners } from "./context.ts";
 import { FINALIZER, isOurs, RECLAIM_ANNOTATION, SET_LABEL, setOwner } from "./marks.ts";
 import { errorText, retryAfterMs } from "./problems.ts";
 import type { Problem } from "./status.ts";
@@ -194,34 +194,22 @@ export async function finalizeAll(
   setDeleted: boolean,
   joins: (e: Exporter) => boolean = () => false,
 ): Promise<{ problems: Problem[]; requeueAfterMs?: number; joined: Set<string> }> {
-  const one = (e: Exporter) =>
-    finalize(ctx, owner ?? e, e, [...targets, ...deployedTargets(ctx.caches, ctx.provisioner, e)], setDeleted);
-  const all = [...doomed];
-  const joined = new Set<string>();
-  const late: Promise<Problem | undefined>[] = [];
-  const join = (e: Exporter) => {
-    if (!e.metadata.deletionTimestamp || all.some((x) => x.metadata.uid === e.metadata.uid) || !joins(e)) return;
-    all.push(e);
-    joined.add(e.metadata.uid!);
-    late.push(one(e));
-  };
-  const stop = ctx.exporterChanges.listen(join);
-  // and those whose deletion the cache saw since the reconcile read it (deleteOwnerless's own among them)
-  if (doomed.length) ctx.caches.exporters.list(doomed[0].metadata.namespace).forEach(join);
-  let results: (Problem | undefined)[];
-  try {
-    results = await Promise.all(doomed.map(one));
-  } finally {
-    stop();
-  }
-  results.push(...await Promise.all(late));
-  const problems = results.filter((p): p is Problem => p !== undefined);
-  if (!problems.length) return { problems, joined };
+  const { results, joined } = await withJoiners(
+    ctx.exporterChanges,
+    doomed,
+    () => ctx.caches.exporters.list(doomed[0].metadata.namespace),
+    (e) => !!e.metadata.deletionTimestamp && joins(e),
+    (e) => finalize(ctx, owner ?? e, e, [...targets, ...deployedTargets(ctx.caches, ctx.provisioner, e)], setDeleted),
+  );
+  const all = [...doomed, ...joined];
+  const problems = [...results.values()].filter((p): p is Problem => p !== undefined);
+  const uids = new Set(joined.map((e) => e.metadata.uid!));
+  if (!problems.length) return { problems, joined: uids };
   const graceEnds = Math.min(...all.map((e) => graceLeftMs(ctx, e)).filter((ms) => ms > 0));
   return {
     problems,
     requeueAfterMs: Math.min(retryAfterMs(ctx.resyncMs, problems), Math.max(1_000, graceEnds)),
-    joined,
+    joined: uids,
   };
 }
 
