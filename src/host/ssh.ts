@@ -99,6 +99,13 @@ export interface SshPoolOptions {
   /** Upper bound of the connect backoff, default 60000. */
   backoffMaxMs?: number;
   /**
+   * First delay after the server refused the key, default 20000; doubles per failure up to backoffMaxMs. Retrying
+   * soon cannot help (someone must change authorized_keys or the Secret, and a new key is a new target), and sshd
+   * (OpenSSH >= 9.8, PerSourcePenalties authfail:5s min:15s) shuts out the controller's whole address, for every
+   * namespace and key, once its failures come faster than one per 5 s.
+   */
+  authBackoffBaseMs?: number;
+  /**
    * Called under AcceptNew when a host without known_hosts entries is trusted for the first time. The connection
    * proceeds only after this resolves; if it throws, the key is not trusted (so nothing runs on an unpinned host).
    */
@@ -180,6 +187,7 @@ const DEFAULTS = {
   keepaliveCountMax: 3,
   backoffBaseMs: 1_000,
   backoffMaxMs: 60_000,
+  authBackoffBaseMs: 20_000,
 };
 
 export class SshPool {
@@ -386,7 +394,8 @@ export class SshPool {
         },
         (err: SshError) => {
           const count = (this.#failures.get(poolKey)?.count ?? 0) + 1;
-          const delay = Math.min(this.#opts.backoffMaxMs, this.#opts.backoffBaseMs * 2 ** (count - 1));
+          const base = err.kind === "auth" ? this.#opts.authBackoffBaseMs : this.#opts.backoffBaseMs;
+          const delay = Math.min(Math.max(this.#opts.backoffMaxMs, base), base * 2 ** (count - 1));
           // Equal jitter: keeps a floor of half the delay while spreading many controllers' retries apart.
           const retryAt = Date.now() + delay / 2 + Math.random() * delay / 2;
           this.#failures.set(poolKey, { count, retryAt, error: err, configHash });

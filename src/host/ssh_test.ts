@@ -678,6 +678,27 @@ Deno.test({
         await p.close();
       });
 
+      await t.step(
+        "a refused key is not tried again soon: sshd's per-source penalty never shuts the address out",
+        async () => {
+          const p = newPool();
+          const stranger = { ...target, privateKey: await keygen(tmp, "stranger-penalty", "ed25519") };
+          // A caller asking every 250 ms for 6 s, as reconciles of several Exporters on this host would: with the
+          // connect backoff's 1 s start, 3 or 4 attempts reached sshd (authfail:5s each; shut out past min:15s).
+          let attempts = 0;
+          for (let i = 0; i < 24; i++) {
+            const e = await rejection(p.exec(stranger, "true"));
+            assert.equal(e.kind, "auth");
+            if (!e.message.includes("next attempt")) attempts++;
+            else assert.ok(e.retryAt! - Date.now() > 4_000, "the next attempt is at least 10 s after the first");
+            await new Promise((r) => setTimeout(r, 250));
+          }
+          assert.equal(attempts, 1, "one attempt reached sshd");
+          // the address is still let in: the right key connects (a fresh pool, so a new connection)
+          assert.equal((await newPool().exec(target, "echo in")).stdout, "in\n");
+        },
+      );
+
       await t.step("wrong user or wrong key gives kind auth", async () => {
         const p = newPool();
         const e1 = await rejection(p.exec({ ...target, user: "nosuchuser" }, "true"));

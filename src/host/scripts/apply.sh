@@ -169,8 +169,7 @@ host_facts
 say facts "$facts"
 # Without quadlet the files would be written and no service made: refuse before anything is written. A version that
 # is not a number (a development build) is let through. The same comparison as remote.ts podmanTooOld.
-v=$(podman --version 2>/dev/null || true)
-v=${v##* }
+v=$podman_version
 major=${v%%.*}
 minor=${v#"$major"}
 minor=${minor#.}
@@ -195,6 +194,7 @@ lock_host -s
 step=ownership
 each_file check_paths
 refuse_if_errors
+look
 adopt "$RT"
 adopt "$EX"
 rm -f "$PENDING"
@@ -239,24 +239,34 @@ if [ "$reload" = 1 ]; then
   step=ownership
   each_file check_present
   refuse_if_errors
+  look
 fi
 
 step=volume
 # Owned by the exporter's uid, as an emptyDir is writable by the pod's users: the exporter keeps QEMU's sockets and
 # disk there, the root runtime writes wherever it likes.
-if ! podman volume exists "$VOLUME"; then
+# One inspect for both volumes (a line per volume that exists): podman calls are most of an apply's time.
+volumes=$(podman volume inspect --format '{{.Name}} {{.Mountpoint}}' "$VOLUME" "$DISK" 2>/dev/null || true)
+mp=
+while read -r v m; do
+  if [ "$v" = "$VOLUME" ]; then mp=$m; fi
+done <<EOF_VOLUMES
+$volumes
+EOF_VOLUMES
+if [ -z "$mp" ]; then
   make_volume "$VOLUME" --opt "o=uid=$EXPORTER_UID,gid=$EXPORTER_UID"
+  mp=$(podman volume inspect --format '{{.Mountpoint}}' "$VOLUME")
 fi
-mp=$(podman volume inspect --format '{{.Mountpoint}}' "$VOLUME")
 if [ "$(stat -c %u:%g "$mp")" != "$EXPORTER_UID:$EXPORTER_UID" ]; then chown "$EXPORTER_UID:$EXPORTER_UID" "$mp"; fi
 
 step=disk
 # /disk holds at most its size: an ext4 file system in a sparse file, which podman loop-mounts (mount -o loop) when
 # the first container starts and unmounts after the last one stops. The volume first, so an image never lacks the
 # labels that name its owner. The root directory is the exporter's, as for the shared volume.
-if ! podman volume exists "$DISK"; then
-  make_volume "$DISK" --opt type=ext4 --opt device="$IMG" --opt o=loop
-fi
+case "$nl$volumes$nl" in
+*"$nl$DISK "*) ;;
+*) make_volume "$DISK" --opt type=ext4 --opt device="$IMG" --opt o=loop ;;
+esac
 if [ ! -f "$IMG" ]; then
   mkdir -p "${IMG%/*}"
   tmp=$(mktemp "${IMG%/*}/.${IMG##*/}.qsp-tmp.XXXXXX")
@@ -412,6 +422,7 @@ unlock_host
 step=report
 # The units as they are now, their jobs queued, not awaited: a start often still reads "activating". The controller
 # learns that they came up from a later inspection of the host or from Jumpstarter, without holding this channel.
+look
 for u in "$RT" "$EX"; do
   unit "$u"
   say state "$u" "$active" "$sub" "$restarts"

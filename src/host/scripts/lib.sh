@@ -12,14 +12,28 @@ refused=0
 trap 'rc=$?; [ -z "$tmp" ] || rm -f "$tmp"; [ "$rc" = 0 ] || [ "$refused" = 1 ] || printf "qsp error step-failed %s (exit %s)\n" "$step" "$rc"' EXIT
 # printf, never echo: dash's echo expands backslashes, so a journal line holding "\nqsp state ..." would forge a line
 say() { printf 'qsp %s\n' "$*"; }
-# shellcheck disable=SC2034 # a newline, for the scripts that split on it (not every one does)
+# a newline, to split on
 nl='
 '
 
-# UNIT: one systemctl call for the properties the scripts look at, into load, active, sub, ...
+# The properties the scripts look at, of the instance's two units (RT, EX), in one systemctl call: `look` asks
+# systemd, `unit UNIT` reads what the last look saw of UNIT into load, active, sub, ... A script looks again after
+# whatever changes what it reads next (a daemon-reload; its own jobs, before it reports them): each call is a round
+# trip to systemd, and asking per unit and step made 17 of them an apply.
+look() {
+  seen=$(systemctl show -p LoadState,ActiveState,SubState,NRestarts,SourcePath,FragmentPath,NeedDaemonReload \
+    -p Result,ExecMainStatus,ExecMainStartTimestampMonotonic "$RT" "$EX" 2>/dev/null || true)
+}
 # shellcheck disable=SC2034 # each script reads the properties it needs
 unit() {
   load='' active='' sub='' restarts='' src='' frag='' need_reload='' result='' main_status='' main_started=''
+  # systemctl prints the units in the order asked, a blank line between
+  block=
+  case "$seen" in
+  *"$nl$nl"*)
+    if [ "$1" = "$RT" ]; then block=${seen%%"$nl$nl"*}; else block=${seen#*"$nl$nl"}; fi
+    ;;
+  esac
   while IFS='=' read -r k v; do
     case "$k" in
     LoadState) load=$v ;;
@@ -34,8 +48,7 @@ unit() {
     ExecMainStartTimestampMonotonic) main_started=$v ;;
     esac
   done <<EOF_UNIT
-$(systemctl show -p LoadState,ActiveState,SubState,NRestarts,SourcePath,FragmentPath,NeedDaemonReload \
-    -p Result,ExecMainStatus,ExecMainStartTimestampMonotonic "$1" 2>/dev/null || true)
+$block
 EOF_UNIT
 }
 
@@ -109,10 +122,11 @@ reload_systemd() {
 
 # Sets facts to this host's wire form (host_facts.ts factsWire). `stat -L`: /dev/kvm may be a symlink to the node
 # (some device managers do that); the container gets the node's mode and gid.
-# shellcheck disable=SC2034 # facts is the result, read by the caller
+# shellcheck disable=SC2034 # facts and podman_version are the result, read by the caller
 host_facts() {
-  v=$(podman --version 2>/dev/null || true)
+  podman_version=$(podman --version 2>/dev/null || true)
+  podman_version=${podman_version##* }
   kvm=none
   if [ -c /dev/kvm ]; then kvm=$(stat -L -c %a:%g /dev/kvm); fi
-  facts="podman=${v##* } kvm=$kvm"
+  facts="podman=$podman_version kvm=$kvm"
 }

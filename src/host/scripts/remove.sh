@@ -23,6 +23,7 @@ step=stop
 # Queued under the lock (in order with other scripts' jobs for these units), awaited without it: a unit takes seconds
 # to stop, and a reload (under the exclusive lock) need not wait for it.
 stop=
+look
 for u in "$EX" "$RT"; do
   unit "$u"
   if [ "$load" = loaded ]; then
