@@ -45,11 +45,19 @@ link() {
   tmp=
   say changed "$2"
 }
-# hash of the service the generator made from a quadlet, i.e. of the definition systemd has loaded
-generated() {
-  unit "$1"
-  if [ -n "$frag" ] && [ -f "$frag" ]; then sha256sum <"$frag" | cut -d' ' -f1; fi
+# The definitions systemd has loaded for the two units, as of the last look: hashes of the services the generator made
+# from their quadlets, into rt_def and ex_def. Read under the host lock, as a daemon-reload rewrites the generator's
+# output, and kept for the steps after the writes, which hold the instance's lock alone.
+loaded_defs() {
+  for u in "$RT" "$EX"; do
+    unit "$u"
+    h=
+    if [ -n "$frag" ] && [ -f "$frag" ]; then h=$(sha256sum <"$frag" | cut -d' ' -f1); fi
+    if [ "$u" = "$RT" ]; then rt_def=$h; else ex_def=$h; fi
+  done
 }
+# UNIT: its loaded definition, into def
+loaded() { if [ "$1" = "$RT" ]; then def=$rt_def; else def=$ex_def; fi; }
 running() {
   unit "$1"
   case "$active" in active | activating | reloading) return 0 ;; esac
@@ -65,8 +73,8 @@ start_queued() {
 # UNIT: remember on the host which definition UNIT was (re)started with, once its job is queued. Written after the
 # start, so a script killed in between leaves the old record: the next apply restarts once more rather than never.
 started_with() {
-  h=$(generated "$1")
-  printf '%s\n' "$h" >"$RUN_DIR/.$1.started.tmp"
+  loaded "$1"
+  printf '%s\n' "$def" >"$RUN_DIR/.$1.started.tmp"
   mv -f "$RUN_DIR/.$1.started.tmp" "$RUN_DIR/$1.started"
 }
 # UNIT: a unit that runs without a record (started by an older version of this script, or by hand) is taken to run
@@ -83,7 +91,8 @@ adopt() {
 # UNIT: the unit runs, and not the definition systemd has loaded from its quadlet now
 outdated() {
   running "$1" || return 1
-  [ "$(cat "$RUN_DIR/$1.started" 2>/dev/null)" != "$(generated "$1")" ]
+  loaded "$1"
+  [ "$(cat "$RUN_DIR/$1.started" 2>/dev/null)" != "$def" ]
 }
 
 # the ownership step
@@ -195,6 +204,7 @@ step=ownership
 each_file check_paths
 refuse_if_errors
 look
+loaded_defs
 adopt "$RT"
 adopt "$EX"
 rm -f "$PENDING"
@@ -240,7 +250,11 @@ if [ "$reload" = 1 ]; then
   each_file check_present
   refuse_if_errors
   look
+  loaded_defs
 fi
+# The rest (volumes, /disk, starts: most of an apply's time) under the instance's lock alone: a daemon-reload waits for
+# every holder of the host lock, and on a busy host, for scripts past their writes, it waited past LOCK_WAIT_SECONDS.
+release_host
 
 step=volume
 # Owned by the exporter's uid, as an emptyDir is writable by the pod's users: the exporter keeps QEMU's sockets and
@@ -416,7 +430,7 @@ for u in "$RT" "$EX"; do
     ;;
   esac
 done
-# every job is queued and every record written: other scripts may go on while this one reports
+# every job is queued and every record written: other scripts of this instance may go on while this one reports
 unlock_host
 
 step=report

@@ -68,7 +68,7 @@ for f in "$RUN_DIR"/*.started; do
     recorded="$recorded ${u%.started}"
   fi
 done
-# what systemd loaded for them: their FragmentPath, as the apply's `generated` reads it (named after the unit),
+# what systemd loaded for them: their FragmentPath, as the apply's `loaded_defs` reads it (named after the unit),
 # hashed by one sha256sum for all
 if [ -n "$recorded" ]; then
   # shellcheck disable=SC2086 # unit names, which have no blanks

@@ -78,11 +78,11 @@ check_owner() {
 }
 
 # The host lock, shared or exclusive, and each instance's own lock (NAME_LOCK) beneath the shared one. A script
-# writes, checks and starts its own instance's files and units under the shared lock and its instance's, so scripts of
-# other instances go on side by side, and one of the same name (another namespace's too) cannot slip in between an
-# ownership check and the writes or removals it allows. A daemon-reload needs the host lock exclusive: no script is
-# then between its writes and its look at what systemd loaded. flock's locks go with the process: a script killed
-# while holding one does not block the next.
+# checks and writes its own instance's files under the shared lock and its instance's, so scripts of other instances
+# go on side by side, and one of the same name (another namespace's too) cannot slip in between an ownership check and
+# the writes or removals it allows; an apply then makes the volumes and starts the units under its instance's alone
+# (release_host). A daemon-reload needs the host lock exclusive: no script is then between its writes and its look at
+# what systemd loaded. flock's locks go with the process: a script killed while holding one does not block the next.
 # FD FILE MODE (-s, -x): FILE's lock on FD (open on FILE), in MODE, waited for at most LOCK_WAIT_SECONDS, else refused
 lock() {
   if ! flock "$3" -w "$LOCK_WAIT_SECONDS" "$1"; then
@@ -105,6 +105,8 @@ lock_host() {
   fi
 }
 unlock_host() { exec 8>&- 9>&-; }
+# the host lock let go and the instance's kept, past a script's writes and its look at what systemd loaded
+release_host() { exec 9>&-; }
 
 # Coalesced daemon-reload: systemd serializes reloads, so scripts writing quadlets at once share one rather than queue
 # one each. A script that needs one marks it owed after its writes (reload_owed, under the shared lock) and calls

@@ -98,9 +98,12 @@ fi
 
 if [ "$quadlet_gone" = 1 ]; then reload_owed; fi
 step=lock
-# exclusive: no script holds or waits for the instance's lock, so its file goes too
+# Under the exclusive lock nobody takes the instance's lock anew (the host's comes first) or waits for it; an apply
+# past its writes may still hold it, and its file goes only when free, or one of the same name would lock another.
 lock_host -x
-rm -f "$NAME_LOCK"
+exec 8>>"$NAME_LOCK"
+if flock -n -x 8; then rm -f "$NAME_LOCK"; fi
+exec 8>&-
 step=daemon-reload
 reload_systemd
 unlock_host
