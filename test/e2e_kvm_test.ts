@@ -83,7 +83,7 @@ async function bootToMarker(
   dir: string,
   host: LabHost,
   waitSeconds: number,
-): Promise<{ seconds?: number; qemu: QemuKvm }> {
+): Promise<{ seconds?: number; powerOn: number; qemu: QemuKvm }> {
   const marker = `QSP-KVM-${crypto.randomUUID().slice(0, 8)}`;
   await run("bash", [`${ROOT}test/jumpstarter/marker-image.sh`, `${dir}/marker.img`, marker, "bios"]);
   const proceed = `${dir}/proceed-${marker}`;
@@ -98,9 +98,9 @@ async function bootToMarker(
   }).spawn();
   const stderr = new Response(child.stderr).text();
   let out = "";
-  let found: { seconds?: number; qemu: QemuKvm } | undefined;
+  let found: { seconds?: number; powerOn: number; qemu: QemuKvm } | undefined;
   const seen = new RegExp(
-    `^(?:marker ${marker} on the console ([0-9.]+) s after power on|no marker ${marker} .*)$`,
+    `^(?:marker ${marker} on the console ([0-9.]+) s after power on #([12])|no marker ${marker} .*)$`,
     "m",
   );
   try {
@@ -108,7 +108,11 @@ async function bootToMarker(
       out += chunk;
       const m = seen.exec(out);
       if (m && !found) {
-        found = { seconds: m[1] === undefined ? undefined : Number(m[1]), qemu: await qemuKvm(host) };
+        found = {
+          seconds: m[1] === undefined ? undefined : Number(m[1]),
+          powerOn: Number(m[2] ?? 2),
+          qemu: await qemuKvm(host),
+        };
         await Deno.writeTextFile(proceed, "");
       }
     }
@@ -122,7 +126,10 @@ async function bootToMarker(
 
 /**
  * Runs inside `jmp shell`: flash, power on, wait up to WAIT seconds for the marker on the console, say what came, then
- * wait for PROCEED (the test reading QEMU on the host) before powering off.
+ * wait for PROCEED (the test reading QEMU on the host) before powering off. A boot with no marker is power-cycled once:
+ * this machine's nested KVM (PVM under Firecracker) once left SeaBIOS wedged for 120 s in a CI run, where it boots in
+ * 5 s otherwise (and in the firmware probe just before); what the provisioner owns (the group, /dev/kvm open, -accel
+ * kvm) is asserted on whichever boot comes to the marker.
  */
 const LEASE_SCRIPT = `import os, sys, time
 import pexpect
@@ -130,14 +137,21 @@ from jumpstarter.utils.env import env
 image, marker, proceed, wait = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 with env() as client:
     client.qemu.flasher.flash(image)
-    t0 = time.monotonic()
-    client.qemu.power.on()
-    with client.qemu.console.pexpect() as p:
-        try:
-            p.expect(marker, timeout=wait)
-            print(f"marker {marker} on the console {time.monotonic() - t0:.2f} s after power on", flush=True)
-        except pexpect.TIMEOUT:
-            print(f"no marker {marker} within {wait:.0f} s", flush=True)
+    for attempt in (1, 2):
+        t0 = time.monotonic()
+        client.qemu.power.on()
+        with client.qemu.console.pexpect() as p:
+            try:
+                p.expect(marker, timeout=wait)
+                print(f"marker {marker} on the console {time.monotonic() - t0:.2f} s after power on #{attempt}", flush=True)
+                break
+            except pexpect.TIMEOUT:
+                if attempt == 2:
+                    print(f"no marker {marker} within {wait:.0f} s, twice", flush=True)
+                else:
+                    print(f"power cycled: nothing on the console within {wait:.0f} s", flush=True)
+        if attempt == 1:
+            client.qemu.power.off()
     while not os.path.exists(proceed):
         time.sleep(0.1)
     client.qemu.power.off()
@@ -283,11 +297,11 @@ Deno.test({
     }
     let kvmSeconds: number | undefined;
     await t.step("with the kvm group: QEMU runs the guest with -accel kvm and holds /dev/kvm open", async () => {
-      const { seconds, qemu } = await bootToMarker(jmp, clientConfig, dir, host, firmware ? 120 : 15);
+      const { seconds, powerOn, qemu } = await bootToMarker(jmp, clientConfig, dir, host, firmware ? 60 : 15);
       kvmSeconds = seconds;
       console.log(
         `  KVM: ${seconds === undefined ? "no marker" : `boot to the marker ${seconds.toFixed(2)} s after power on`}` +
-          ` (QEMU groups: ${qemu.groups}, kvm fds: ${qemu.kvmFds})`,
+          ` #${powerOn} (QEMU groups: ${qemu.groups}, kvm fds: ${qemu.kvmFds})`,
       );
       assert.ok(qemu.groups.split(" ").includes(gid), `QEMU holds the kvm gid ${gid}: ${qemu.groups}`);
       assert.ok(qemu.accel, "the driver chose -accel kvm");
@@ -309,10 +323,10 @@ Deno.test({
           `systemctl restart ${name}-exporter.service`,
       );
       await onlineSince(client, restarted + 1_000, "the exporter Online again without the group");
-      const { seconds, qemu } = await bootToMarker(jmp, clientConfig, dir, host, 120);
+      const { seconds, powerOn, qemu } = await bootToMarker(jmp, clientConfig, dir, host, 60);
       assert.ok(seconds !== undefined, "the marker came on the console under TCG");
       const kvm = kvmSeconds === undefined ? "not shown here" : `${kvmSeconds.toFixed(2)} s`;
-      console.log(`  TCG: boot to the marker ${seconds.toFixed(2)} s after power on (KVM: ${kvm})`);
+      console.log(`  TCG: boot to the marker ${seconds.toFixed(2)} s after power on #${powerOn} (KVM: ${kvm})`);
       assert.ok(!qemu.groups.split(" ").includes(gid), qemu.groups);
       assert.ok(!qemu.accel, "no -accel kvm: the driver's os.access check failed");
       assert.equal(qemu.kvmFds, 0, "QEMU does not hold /dev/kvm");
