@@ -188,34 +188,43 @@ Deno.test("apply's stage-script step, under dash and bash: the host's staging sc
 });
 
 Deno.test("the restart records, under dash and bash: systemctl show's lines parsed, a unit runs what it was started with", async () => {
+  const rt = rendered.units.runtime;
   for (const shell of SHELLS) {
     const dir = await Deno.makeTempDir();
     try {
       const frag = `${dir}/u.service`;
       await Deno.writeTextFile(frag, "[Service]\nExecStart=/bin/one\n");
-      // a fake systemctl: `show` prints what a running unit loaded from frag has
+      // a fake systemctl: `show` prints, for each unit asked, what a running unit loaded from frag has
       const fake = `systemctl() { printf '%s\\n' LoadState=loaded ActiveState=active SubState=running NRestarts=2 \\
-FragmentPath=${frag} NeedDaemonReload=no; }\n`;
+FragmentPath=${frag} NeedDaemonReload=no '' LoadState=not-found ActiveState=inactive; }\n`;
       const out = await runShell(
         shell,
         withValues(definitions(applyScript(rendered, { kvmRequired: true })), LIB_SH, { RUN_DIR: dir }) + fake +
-          `unit u.service; say state u.service "$active" "$sub" "$restarts"
-adopt u.service
-if outdated u.service; then say restart-pending u.service; fi
+          `look; loaded_defs
+unit "$RT"; say state "$RT" "$active" "$sub" "$restarts"
+unit "$EX"; say state "$EX" "$active" "$sub" "$restarts"
+adopt "$RT"
+if outdated "$RT"; then say restart-pending "$RT"; fi
 printf '[Service]\\nExecStart=/bin/two\\n' >${shQuote(frag)}
-if outdated u.service; then say restarted u.service; fi
+if outdated "$RT"; then say restart-pending "$RT"; fi
+look; loaded_defs
+if outdated "$RT"; then say restarted "$RT"; fi
 say "done"
 `,
       );
       assert.equal(out.code, 0, `${shell}: ${out.stderr}`);
       const report = parseApplyOutput(out.stdout, out.stderr, out.code);
-      assert.deepEqual(report.states, { "u.service": { active: "active", sub: "running", restarts: 2 } }, shell);
-      assert.deepEqual(report.pending, [], `${shell}: a unit without a record is adopted, not restarted`);
-      assert.deepEqual(report.restarted, ["u.service"], `${shell}: a new definition loaded owes a restart`);
-      assert.equal(
-        await Deno.readTextFile(`${dir}/u.service.started`),
-        `${sha256("[Service]\nExecStart=/bin/one\n")}\n`,
+      assert.deepEqual(report.states, {
+        [rt]: { active: "active", sub: "running", restarts: 2 },
+        [rendered.units.exporter]: { active: "inactive", sub: undefined, restarts: 0 },
+      }, `${shell}: each unit's block read apart`);
+      assert.deepEqual(
+        report.pending,
+        [],
+        `${shell}: a unit without a record is adopted; a definition not looked at yet owes nothing`,
       );
+      assert.deepEqual(report.restarted, [rt], `${shell}: a new definition loaded owes a restart`);
+      assert.equal(await Deno.readTextFile(`${dir}/${rt}.started`), `${sha256("[Service]\nExecStart=/bin/one\n")}\n`);
     } finally {
       await Deno.remove(dir, { recursive: true });
     }
