@@ -99,10 +99,10 @@ export interface SshPoolOptions {
   /** Upper bound of the connect backoff, default 60000. */
   backoffMaxMs?: number;
   /**
-   * First delay after the server refused the key, default 20000; doubles per failure up to backoffMaxMs. Retrying
-   * soon cannot help (someone must change authorized_keys or the Secret, and a new key is a new target), and sshd
-   * (OpenSSH >= 9.8, PerSourcePenalties authfail:5s min:15s) shuts out the controller's whole address, for every
-   * namespace and key, once its failures come faster than one per 5 s.
+   * First delay after the server refused the key, default 20000; doubles per failure up to backoffMaxMs (a lower
+   * backoffMaxMs does not shorten it). Retrying soon cannot help (someone must change authorized_keys or the Secret,
+   * and a new key is a new target), and sshd (OpenSSH >= 9.8, PerSourcePenalties authfail:5s min:15s) shuts out the
+   * controller's whole address, for every namespace and key, once its failures come faster than one per 5 s.
    */
   authBackoffBaseMs?: number;
   /**

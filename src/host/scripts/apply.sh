@@ -262,8 +262,12 @@ step=volume
 # One inspect for both volumes (a line per volume that exists): podman calls are most of an apply's time.
 volumes=$(podman volume inspect --format '{{.Name}} {{.Mountpoint}}' "$VOLUME" "$DISK" 2>/dev/null || true)
 mp=
+disk_made=0
 while read -r v m; do
-  if [ "$v" = "$VOLUME" ]; then mp=$m; fi
+  case "$v" in
+  "$VOLUME") mp=$m ;;
+  "$DISK") disk_made=1 ;;
+  esac
 done <<EOF_VOLUMES
 $volumes
 EOF_VOLUMES
@@ -277,10 +281,7 @@ step=disk
 # /disk holds at most its size: an ext4 file system in a sparse file, which podman loop-mounts (mount -o loop) when
 # the first container starts and unmounts after the last one stops. The volume first, so an image never lacks the
 # labels that name its owner. The root directory is the exporter's, as for the shared volume.
-case "$nl$volumes$nl" in
-*"$nl$DISK "*) ;;
-*) make_volume "$DISK" --opt type=ext4 --opt device="$IMG" --opt o=loop ;;
-esac
+if [ "$disk_made" = 0 ]; then make_volume "$DISK" --opt type=ext4 --opt device="$IMG" --opt o=loop; fi
 if [ ! -f "$IMG" ]; then
   mkdir -p "${IMG%/*}"
   tmp=$(mktemp "${IMG%/*}/.${IMG##*/}.qsp-tmp.XXXXXX")
