@@ -48,12 +48,7 @@ import {
 } from "./render.ts";
 import { MIN_PODMAN, podmanVersionParts, quadletDialect } from "./quadlet_dialect.ts";
 import { factsWire, type HostFacts, kvmAccess, octalMode, parseFacts } from "./host_facts.ts";
-// The scripts' text is part of the module (and so of the bundle and the binary), not read from disk at run time.
-import LIB_SH from "./scripts/lib.sh" with { type: "text" };
-import APPLY_SH from "./scripts/apply.sh" with { type: "text" };
-import REMOVE_SH from "./scripts/remove.sh" with { type: "text" };
-import INSPECT_SH from "./scripts/inspect.sh" with { type: "text" };
-import STAGE_SH from "./scripts/stage.sh" with { type: "text" };
+import { APPLY_SH, INSPECT_SH, LIB_SH, REMOVE_SH, STAGE_SH } from "./script_text.ts";
 
 /** Single-quotes a value for sh. */
 export function shQuote(s: string): string {

@@ -17,7 +17,14 @@ import {
 } from "../../test/labhost/labhost.ts";
 import { drift } from "./drift.ts";
 import type { InstanceParams } from "./instance_params.ts";
-import { type Instance, LAUNCHER_CACHE, type RenderedInstance, renderInstance, STAGE_SCRIPT } from "./render.ts";
+import {
+  EXPORTER_UID,
+  type Instance,
+  LAUNCHER_CACHE,
+  type RenderedInstance,
+  renderInstance,
+  STAGE_SCRIPT,
+} from "./render.ts";
 import { factsWire } from "./host_facts.ts";
 import { runShell } from "./script_harness.ts";
 import {
@@ -242,6 +249,8 @@ for (const { suffix, net, podman, shell } of VARIANTS) {
           const cached = `${LAUNCHER_CACHE}/${id}/jumpstarter-exec`;
           const mp = (await sh(host, "podman volume inspect -f '{{.Mountpoint}}' jumpstarter-pool-a1-shared")).trim();
           const staged = `${mp}/jumpstarter-exec`;
+          // podman's o=uid,gid made the volume the exporter's: the apply no longer checks a volume it just made
+          assert.equal(await sh(host, `stat -c %u:%g ${mp}`), `${EXPORTER_UID}:${EXPORTER_UID}\n`);
           // the script every apply writes, root's; the launcher the runtime runs is the cached one
           assert.equal(
             await sh(host, `stat -c '%a %u' ${STAGE_SCRIPT} ${staged} && sha256sum <${STAGE_SCRIPT}`),

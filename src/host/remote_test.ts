@@ -1,4 +1,5 @@
 import assert from "node:assert/strict";
+import { APPLY_SH, INSPECT_SH, LIB_SH } from "./script_text.ts";
 import type { InstanceParams } from "./instance_params.ts";
 import { seedParams } from "../../test/fixtures.ts";
 import { renderInstance } from "./render.ts";
@@ -19,9 +20,6 @@ import {
 import { MIN_PODMAN } from "./quadlet_dialect.ts";
 import { Buffer } from "node:buffer";
 import { definitions, recorder, records, runShell, SHELLS, withValues } from "./script_harness.ts";
-import LIB_SH from "./scripts/lib.sh" with { type: "text" };
-import APPLY_SH from "./scripts/apply.sh" with { type: "text" };
-import INSPECT_SH from "./scripts/inspect.sh" with { type: "text" };
 
 const params: InstanceParams = { ...seedParams, runtime: { kvm: true, devices: ["/dev/ttyUSB0:/dev/ttyS1"] } };
 const TOKEN = "eyJhbGciOiJSUzI1NiJ9.very-secret-token";

@@ -5,6 +5,7 @@
  * meant (also as YAML 1.1, which is how the exporter's PyYAML reads it), and the script must parse and carry every
  * value quoted or base64-encoded.
  */
+import { APPLY_SH, LIB_SH } from "./script_text.ts";
 import assert from "node:assert/strict";
 import { Buffer } from "node:buffer";
 import { createHash } from "node:crypto";
@@ -37,8 +38,6 @@ import {
 } from "./render.ts";
 import { type ApplyOptions, applyScript, removeScript } from "./remote.ts";
 import { definitions, recorder, records, runShell } from "./script_harness.ts";
-import LIB_SH from "./scripts/lib.sh" with { type: "text" };
-import APPLY_SH from "./scripts/apply.sh" with { type: "text" };
 
 // ---------------------------------------------------------------- generators
 

@@ -3,10 +3,10 @@
  * under dash and bash, with a FAKE podman first on PATH (testdata/fake_podman: a state directory standing in for the
  * registry, the image store, containers and volumes) and the launcher cache in a temporary directory.
  */
+import { STAGE_SH } from "./script_text.ts";
 import assert from "node:assert/strict";
 import { STAGE_SCRIPT_TEXT } from "./remote.ts";
 import { runShell, SHELLS, withValues } from "./script_harness.ts";
-import STAGE_SH from "./scripts/stage.sh" with { type: "text" };
 
 const FAKE_PODMAN = new URL("./testdata/fake_podman", import.meta.url).pathname;
 const IMAGE = "quay.io/jumpstarter-dev/jumpstarter:latest";
@@ -83,6 +83,11 @@ Deno.test("stage.sh, under dash and bash: the launcher is copied out of an image
       const again = await h.stage(shell, "missing");
       assert.equal(again.code, 0, `${shell}: ${again.stderr}`);
       assert.deepEqual(copiedOut(again.calls), [], shell);
+      assert.deepEqual(
+        again.calls.map((c) => c.split(" ").slice(0, 2).join(" ")),
+        ["image inspect", "volume inspect"],
+        `${shell}: a start from the cache asks podman twice: the image's id, the volume's mount point`,
+      );
       assert.deepEqual(await h.volumeExec(), { text: "launcher of aaaa", mode: 0o755 }, shell);
       assert.deepEqual(entries(`${h.dir}/volumes/v-shared`), ["jumpstarter-exec"], `${shell}: no temp file left`);
       assert.deepEqual(entries(`${h.dir}/launchers/${A}`), ["jumpstarter-exec"], `${shell}: no temp file left`);

@@ -271,11 +271,15 @@ while read -r v m; do
 done <<EOF_VOLUMES
 $volumes
 EOF_VOLUMES
+# Podman gives a volume made with o=uid,gid that owner itself; one made otherwise (by hand, by an older version) is
+# chowned. A volume made now has no container: none can be left over that mounts it.
+fresh=0
 if [ -z "$mp" ]; then
   make_volume "$VOLUME" --opt "o=uid=$EXPORTER_UID,gid=$EXPORTER_UID"
-  mp=$(podman volume inspect --format '{{.Mountpoint}}' "$VOLUME")
+  fresh=1
+elif [ "$(stat -c %u:%g "$mp")" != "$EXPORTER_UID:$EXPORTER_UID" ]; then
+  chown "$EXPORTER_UID:$EXPORTER_UID" "$mp"
 fi
-if [ "$(stat -c %u:%g "$mp")" != "$EXPORTER_UID:$EXPORTER_UID" ]; then chown "$EXPORTER_UID:$EXPORTER_UID" "$mp"; fi
 
 step=disk
 # /disk holds at most its size: an ext4 file system in a sparse file, which podman loop-mounts (mount -o loop) when
@@ -407,8 +411,8 @@ step=start
 # fails ("has dependent containers") at every start and auto-restart, the exporter fails with it (dependency), and
 # no apply gets them up again. With the exporter's unit down, its container is a leftover: removed first.
 unit "$EX"
-case "$active" in
-active | activating | deactivating | reloading) ;;
+case "$fresh/$active" in
+1/* | */active | */activating | */deactivating | */reloading) ;;
 *) podman rm -f -i "$NAME-exporter" >/dev/null 2>&1 || true ;;
 esac
 for u in "$RT" "$EX"; do

@@ -20,21 +20,34 @@ trap '[ -z "$tmp" ] || rm -f "$tmp"' EXIT
 trap 'exit 143' HUP INT TERM
 
 # Podman 4 has no `pull --policy`: the policies as `podman run --pull` reads them.
+# the local image's id, empty when there is none: the one podman call a start of an image already here needs
+local_id() { podman image inspect --format '{{.Id}}' "$image" 2>/dev/null || true; }
 case "$pull" in
-always) podman pull -q "$image" >/dev/null ;;
-missing) podman image exists "$image" || podman pull -q "$image" >/dev/null ;;
-newer)
-  # the registry's digest when it answers; the local image when it does not
-  if ! why=$(podman pull -q "$image" 2>&1 >/dev/null); then
-    if ! podman image exists "$image"; then
-      printf '%s\n' "$why" >&2
-      exit 1
-    fi
-    printf 'stage: %s: not pulled, the local image is used: %s\n' "$image" "$why" >&2
+always)
+  podman pull -q "$image" >/dev/null
+  id=$(local_id)
+  ;;
+missing)
+  id=$(local_id)
+  if [ -z "$id" ]; then
+    podman pull -q "$image" >/dev/null
+    id=$(local_id)
   fi
   ;;
+newer)
+  # the registry's digest when it answers; the local image when it does not
+  pulled=1
+  why=$(podman pull -q "$image" 2>&1 >/dev/null) || pulled=0
+  id=$(local_id)
+  if [ -z "$id" ]; then
+    printf '%s\n' "$why" >&2
+    exit 1
+  fi
+  if [ "$pulled" = 0 ]; then printf 'stage: %s: not pulled, the local image is used: %s\n' "$image" "$why" >&2; fi
+  ;;
 never)
-  if ! podman image exists "$image"; then
+  id=$(local_id)
+  if [ -z "$id" ]; then
     echo "stage: the exporter image $image is not on this host and its imagePullPolicy is Never: pull it there \
 (podman pull $image) or allow pulling it" >&2
     exit 1
@@ -45,7 +58,6 @@ never)
   exit 2
   ;;
 esac
-id=$(podman image inspect --format '{{.Id}}' "$image")
 case "$id" in
 '' | *[!0-9a-f]*)
   echo "stage: podman gave $image the image id '$id', not a hex digest" >&2
