@@ -123,33 +123,11 @@ reload_systemd() {
 }
 
 # Sets facts to this host's wire form (host_facts.ts factsWire). `stat -L`: /dev/kvm may be a symlink to the node
-# (some device managers do that); the container gets the node's mode and gid. Podman's version is kept in RUN_DIR
-# under the identity of its binary (device, inode, mtime, size: an upgrade replaces it): every apply and inspection
-# asks for it, and `podman --version` is a Go program's start, of the few podman calls an unchanged apply makes.
+# (some device managers do that); the container gets the node's mode and gid.
 # shellcheck disable=SC2034 # facts and podman_version are the result, read by the caller
 host_facts() {
-  podman_version=
-  bin=$(command -v podman 2>/dev/null || true)
-  id=
-  case "$bin" in /*) id=$(stat -L -c %d:%i:%Y:%s "$bin" 2>/dev/null || true) ;; esac
-  cached=
-  if [ -n "$id" ] && [ -f "$RUN_DIR/podman-version" ]; then
-    read -r k v <"$RUN_DIR/podman-version" || true
-    if [ "$k" = "$id" ]; then cached=${v:-}; fi
-  fi
-  if [ -n "$cached" ]; then
-    podman_version=$cached
-  else
-    podman_version=$(podman --version 2>/dev/null || true)
-    podman_version=${podman_version##* }
-    if [ -n "$id" ] && [ -n "$podman_version" ]; then
-      mkdir -p "$RUN_DIR"
-      tmp=$RUN_DIR/.podman-version.$$
-      printf '%s %s\n' "$id" "$podman_version" >"$tmp"
-      mv -f "$tmp" "$RUN_DIR/podman-version"
-      tmp=
-    fi
-  fi
+  podman_version=$(podman --version 2>/dev/null || true)
+  podman_version=${podman_version##* }
   kvm=none
   if [ -c /dev/kvm ]; then kvm=$(stat -L -c %a:%g /dev/kvm); fi
   facts="podman=$podman_version kvm=$kvm"
