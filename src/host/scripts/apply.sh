@@ -409,7 +409,8 @@ step=start
 # An exporter container that a stop left behind (the stop raced a start job, or ran while the quadlet was gone, and
 # ExecStopPost never removed it) sits in the runtime's network namespace: the runtime's `podman run --replace` then
 # fails ("has dependent containers") at every start and auto-restart, the exporter fails with it (dependency), and
-# no apply gets them up again. With the exporter's unit down, its container is a leftover: removed first.
+# no apply gets them up again. With the exporter's unit down, its container is a leftover: removed first, unless this
+# apply just made the shared volume, which every exporter container mounts.
 unit "$EX"
 case "$fresh/$active" in
 1/* | */active | */activating | */deactivating | */reloading) ;;

@@ -19,9 +19,9 @@ trap '[ -z "$tmp" ] || rm -f "$tmp"' EXIT
 # systemd stops a start that times out with SIGTERM: the EXIT trap still removes the temp file
 trap 'exit 143' HUP INT TERM
 
-# Podman 4 has no `pull --policy`: the policies as `podman run --pull` reads them.
 # the local image's id, empty when there is none: the one podman call a start of an image already here needs
 local_id() { podman image inspect --format '{{.Id}}' "$image" 2>/dev/null || true; }
+# Podman 4 has no `pull --policy`: the policies as `podman run --pull` reads them.
 case "$pull" in
 always)
   podman pull -q "$image" >/dev/null
