@@ -33,8 +33,8 @@ export function hostSideDeployer(probe: HostProbe): Deployer {
       everywhere(p, async (lab, t, r) => {
         const out = await lab.apply(t, r, { kvmRequired: true, keepExited: true });
         if (!out.ready && !out.starting) throw new Error(`${t.host}/${r.name}: not ready: ${out.errors.join("; ")}`);
-        // the apply does not wait for the starts it queued: up once an inspection says so, as for the controller
-        if (!out.ready) await inspectUntilUp(() => lab.inspect(t), [r]);
+        // the apply does not wait for the starts it queued: up once a look at the units says so, as for the controller
+        if (!out.ready) await inspectUntilUp(() => lab.units(t), [r]);
       }),
     teardown: (p) => everywhere(p, (lab, t, r) => lab.remove(t, r.name)),
   };

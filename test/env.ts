@@ -8,9 +8,9 @@ import { CRDS, JUMPSTARTER_CRDS } from "../src/api/crds.ts";
 import { isConflict, KubeClient } from "../src/kube/client.ts";
 import { CRDS as CRD_RESOURCE, NAMESPACES } from "../src/kube/resources.ts";
 import type { LabHost, LabNet } from "./labhost/labhost.ts";
-import type { HostInspection } from "../src/host/remote.ts";
+import type { HostInspection, HostUnits } from "../src/host/remote.ts";
 import type { RenderedInstance } from "../src/host/render.ts";
-import { drift, starting } from "../src/host/drift.ts";
+import { drift, foundUnits, starting, unitsDown } from "../src/host/drift.ts";
 import { startingCheckMs } from "../src/provision/deploy.ts";
 
 export interface TestEnv {
@@ -114,21 +114,24 @@ export async function waitFor<T>(
 }
 
 /**
- * Waits until an inspection of the host finds each instance as rendered with both units active, looking at the
- * controller's pace after an apply that left them on their way up (deploy.ts startingCheckMs: soon, then less often);
- * returns how many looks it took.
+ * Waits until a look at the host finds each instance up, at the controller's pace after an apply that left its units
+ * on their way up (deploy.ts startingCheckMs: soon, then less often): a units-only look, as the controller's close
+ * checks, or a whole inspection, which also wants the files as rendered. Returns how many looks it took.
  */
 export async function inspectUntilUp(
-  inspect: () => Promise<HostInspection>,
+  look: () => Promise<HostInspection | HostUnits>,
   rendered: RenderedInstance[],
   timeoutMs = 120_000,
 ): Promise<number> {
   const deadline = Date.now() + timeoutMs;
   for (let looks = 0;; looks++) {
     await new Promise((r) => setTimeout(r, startingCheckMs(looks)));
-    const found = (await inspect()).instances;
+    const seen = await look();
     const off = rendered.flatMap((r) => {
-      const i = found.find((f) => f.name === r.name);
+      if ("units" in seen) {
+        return [...unitsDown(r, foundUnits(r, seen.units)), ...starting(r, foundUnits(r, seen.units))];
+      }
+      const i = seen.instances.find((f) => f.name === r.name);
       return [...drift(r, i), ...starting(r, i)];
     });
     if (!off.length) return looks + 1;

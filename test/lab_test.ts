@@ -54,11 +54,11 @@ Deno.test({
       let s = pool.stats();
       assert.equal(s.connectionsOpened - before.connectionsOpened, 1, "one connection for the host");
       assert.equal(s.commands - before.commands, 2, "one round trip per apply");
-      // what the controller does next: one inspection of the host a second, for both, until both are up
-      const looks = await inspectUntilUp(() => lab.inspect(t), [a, b]);
+      // what the controller does next: one look at the host's units, for both, soon and then less often, until up
+      const looks = await inspectUntilUp(() => lab.units(t), [a, b]);
       console.log(
         `2-instance deploy: applies done in ${Math.round(applied)} ms (2 round trips), both up after ` +
-          `${Math.round(performance.now() - t0)} ms (${looks} inspections)`,
+          `${Math.round(performance.now() - t0)} ms (${looks} looks at the units)`,
       );
 
       const again = await lab.apply(t, a, { kvmRequired: true, keepExited: true });
@@ -81,7 +81,7 @@ Deno.test({
       assert.equal(
         s.commands - before.commands,
         6 + looks,
-        "apply x3, inspect, remove x2: one round trip each, and the inspections until both were up",
+        "apply x3, inspect, remove x2: one round trip each, and the looks at the units until both were up",
       );
     } finally {
       await lab.remove(t, "lab-count-a").catch(() => {});

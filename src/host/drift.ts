@@ -3,7 +3,7 @@
  * the host. Pure; the resync check (provision/host_checks.ts) applies again only instances that drifted.
  */
 import type { RenderedFile, RenderedInstance } from "./render.ts";
-import { type InspectedInstance, type InspectedUnit, sha256 } from "./remote.ts";
+import { type HostUnits, type InspectedInstance, type InspectedUnit, sha256 } from "./remote.ts";
 
 /**
  * What differs, one phrase each (empty: nothing does). Files as the apply script writes them; both units active or
@@ -23,20 +23,34 @@ export function drift(r: RenderedInstance, found: InspectedInstance | undefined)
       else if (h.mode !== mode) out.push(`${path} has mode and owner ${h.mode ?? "unknown"}, not ${mode}`);
     }
   }
-  for (const [unit, s] of unitsOf(r, found)) {
-    if (s?.active !== "active" && !isStarting(s)) out.push(`${unit} is ${s ? s.active : "not loaded"}`);
-  }
+  out.push(...unitsDown(r, found));
   for (const unit of found.outdated ?? []) out.push(`${unit} runs an older definition than its quadlet's`);
   if (!found.volume) out.push(`volume ${r.volume} is missing`);
   if (!found.diskVolume) out.push(`volume ${r.disk.volume} is missing`);
   return out;
 }
 
+/** The instance's units as an inspection found them, of the whole host or of its units only (HostUnits). */
+export type FoundUnits = Pick<InspectedInstance, "runtime" | "exporter">;
+
+/** The instance's units from a units-only inspection. */
+export const foundUnits = (r: RenderedInstance, units: HostUnits["units"]): FoundUnits => ({
+  runtime: units[r.units.runtime],
+  exporter: units[r.units.exporter],
+});
+
+/** Its units neither active nor on their way up, one phrase each: what a units-only look can tell of drift. */
+export function unitsDown(r: RenderedInstance, found: FoundUnits): string[] {
+  return unitsOf(r, found).filter(([, s]) => s?.active !== "active" && !isStarting(s)).map(([unit, s]) =>
+    `${unit} is ${s ? s.active : "not loaded"}`
+  );
+}
+
 /**
  * The instance's units on their way up, one phrase each: an apply queued their start (or restart) moments ago, or
  * systemd waits to restart them. The instance can take a lease once this is empty and nothing drifted.
  */
-export function starting(r: RenderedInstance, found: InspectedInstance | undefined): string[] {
+export function starting(r: RenderedInstance, found: FoundUnits | undefined): string[] {
   if (!found) return [];
   return unitsOf(r, found).filter(([, s]) => isStarting(s)).map(([unit, s]) =>
     `${unit} is ${s!.job ? `${s!.active} with a ${s!.job} job queued` : `${s!.active} (${s!.sub})`}`
@@ -49,7 +63,7 @@ function isStarting(s: InspectedUnit | undefined): boolean {
   return s?.active === "activating" || s?.job === "start" || s?.job === "restart";
 }
 
-const unitsOf = (r: RenderedInstance, found: InspectedInstance): [string, InspectedUnit | undefined][] => [
+const unitsOf = (r: RenderedInstance, found: FoundUnits): [string, InspectedUnit | undefined][] => [
   [r.units.runtime, found.runtime],
   [r.units.exporter, found.exporter],
 ];

@@ -5,7 +5,7 @@
 import { type ApplyOutcome, type HostApplyOptions, type HostOps, HostScriptError } from "./lab.ts";
 import { OWNER_PREFIX, type RenderedInstance } from "./render.ts";
 import { modeOf } from "./drift.ts";
-import { type HostInspection, type InspectedInstance, sha256 } from "./remote.ts";
+import { type HostInspection, type HostUnits, type InspectedInstance, sha256 } from "./remote.ts";
 import { factsWire, type HostFacts } from "./host_facts.ts";
 import { SshError, type SshTarget } from "./ssh.ts";
 
@@ -17,7 +17,7 @@ export interface FakeInstance {
   starts: number;
   /** A restart deferred under a lease, done by the next apply without deferRestart. */
   pending?: boolean;
-  /** How many more inspections find the exporter activating (its host's startLooks). */
+  /** How many more inspections (whole or units only) find the exporter activating (its host's startLooks). */
   startingLooks?: number;
 }
 
@@ -26,7 +26,7 @@ export class FakeHosts implements HostOps {
   readonly hosts = new Map<string, Map<string, FakeInstance>>();
   /** Hosts that refuse connections. */
   readonly down = new Set<string>();
-  /** Every call, in order: "apply host name", "remove host name", "inspect host". */
+  /** Every call, in order: "apply host name", "remove host name", "inspect host", "units host". */
   readonly calls: string[] = [];
   /** By host, the only private key it accepts; a host not listed accepts any. */
   readonly keys = new Map<string, string>();
@@ -125,14 +125,28 @@ export class FakeHosts implements HostOps {
 
   inspect(target: SshTarget): Promise<HostInspection> {
     this.reach(target, `inspect ${target.host}`);
-    const found = [...this.on(target.host).values()].map((i) => {
+    const instances = [...this.look(target.host), ...this.strays.get(target.host) ?? []];
+    const facts = this.facts.get(target.host);
+    return Promise.resolve({ ok: true, ...(facts ? { facts } : {}), diskFreeKiB: {}, instances, errors: [] });
+  }
+
+  units(target: SshTarget): Promise<HostUnits> {
+    this.reach(target, `units ${target.host}`);
+    const units: HostUnits["units"] = {};
+    for (const i of this.look(target.host)) {
+      units[`${i.name}-runtime.service`] = i.runtime!;
+      units[`${i.name}-exporter.service`] = i.exporter!;
+    }
+    return Promise.resolve({ ok: true, units, errors: [] });
+  }
+
+  /** The host's instances as an inspection finds them; each look counts down an exporter's startingLooks. */
+  private look(host: string): InspectedInstance[] {
+    return [...this.on(host).values()].map((i) => {
       const seen = inspected(i);
       if (i.startingLooks) i.startingLooks--;
       return seen;
     });
-    const instances = [...found, ...this.strays.get(target.host) ?? []];
-    const facts = this.facts.get(target.host);
-    return Promise.resolve({ ok: true, ...(facts ? { facts } : {}), diskFreeKiB: {}, instances, errors: [] });
   }
 
   private on(host: string): Map<string, FakeInstance> {

@@ -1,5 +1,5 @@
 /**
- * What the reconciler does on a lab host: apply, remove, inspect. Each is one script over one pooled SSH channel
+ * What the reconciler does on a lab host: apply, remove, inspect (all, or only the units). Each is one script over one pooled SSH channel
  * (remote.ts builds the scripts and parses their output; ssh.ts carries them).
  */
 import type { RenderedInstance } from "./render.ts";
@@ -9,13 +9,16 @@ import {
   type ApplyReport,
   applyScript,
   type HostInspection,
+  type HostUnits,
   inspectScript,
   parseApplyOutput,
   parseInspectOutput,
   parseRemoveOutput,
+  parseUnitsOutput,
   removeScript,
   type ScriptError,
   shellCommand,
+  unitsScript,
 } from "./remote.ts";
 import { SshError, type SshPool, type SshTarget } from "./ssh.ts";
 import { LAB_HOSTS_ENV } from "./lab_hosts.ts";
@@ -60,6 +63,8 @@ export interface HostOps {
   /** With a uid, files that name another exporter are refused (owner-conflict), not removed. */
   remove(target: SshTarget, name: string, uid?: string): Promise<void>;
   inspect(target: SshTarget): Promise<HostInspection>;
+  /** Only the units of the host's instances and their queued jobs: a few processes on the host, not a hundred. */
+  units(target: SshTarget): Promise<HostUnits>;
 }
 
 export class HostScriptError extends Error {
@@ -145,6 +150,11 @@ export class LabHosts implements HostOps {
   async inspect(target: SshTarget): Promise<HostInspection> {
     const res = await this.run(target, inspectScript());
     return failUnlessOk(target, parseInspectOutput(res.stdout, res.stderr, res.code));
+  }
+
+  async units(target: SshTarget): Promise<HostUnits> {
+    const res = await this.run(target, unitsScript());
+    return failUnlessOk(target, parseUnitsOutput(res.stdout, res.stderr, res.code));
   }
 }
 

@@ -236,7 +236,12 @@ export function removeScript(name: string, opts: RemoveOptions = {}): string {
  * config without quadlets, a container or volume without files.
  */
 export function inspectScript(): string {
-  return script("inspect", {}, INSPECT_SH);
+  return script("inspect", { SCOPE: "all" }, INSPECT_SH);
+}
+
+/** The same script asked only for the units of every instance and the jobs systemd has queued for them. */
+export function unitsScript(): string {
+  return script("units", { SCOPE: "units" }, INSPECT_SH);
 }
 
 // ---------------------------------------------------------------- parsing
@@ -361,6 +366,13 @@ export interface HostInspection {
   errors: ScriptError[];
 }
 
+/** What a units-only inspection found: each unit of ours systemd knows, by name, with its queued job. */
+export interface HostUnits {
+  ok: boolean;
+  units: Record<string, InspectedUnit>;
+  errors: ScriptError[];
+}
+
 interface Lines {
   lines: string[][];
   errors: ScriptError[];
@@ -447,6 +459,19 @@ export function parseRemoveOutput(stdout: string, stderr: string, exitCode: numb
 
 const RUNNING = new Set(["active", "activating", "reloading"]);
 
+/** The `unit` lines by unit name, each with the type of the job a `job` line gives it. */
+function unitsIn(lines: string[][]): Record<string, InspectedUnit> {
+  const units: Record<string, InspectedUnit> = {};
+  for (const [kind, ...w] of lines) if (kind === "unit") units[w[0]] = { load: w[1], active: w[2], sub: w[3] };
+  for (const [kind, u, job] of lines) if (kind === "job" && units[u]) units[u].job = job;
+  return units;
+}
+
+export function parseUnitsOutput(stdout: string, stderr: string, exitCode: number): HostUnits {
+  const { lines, errors } = scan(stdout, stderr, exitCode);
+  return { ok: errors.length === 0, units: unitsIn(lines), errors };
+}
+
 export function parseInspectOutput(stdout: string, stderr: string, exitCode: number): HostInspection {
   const { lines, errors } = scan(stdout, stderr, exitCode);
   const out: HostInspection = { ok: errors.length === 0, diskFreeKiB: {}, instances: [], errors };
@@ -459,8 +484,7 @@ export function parseInspectOutput(stdout: string, stderr: string, exitCode: num
     }
     return i;
   };
-  const units: Record<string, InspectedUnit> = {};
-  const jobs = new Map<string, string>();
+  const units = unitsIn(lines);
   const modes = new Map<string, string>();
   const digests = new Map<string, string>();
   const records = new Map<string, string>();
@@ -485,8 +509,6 @@ export function parseInspectOutput(stdout: string, stderr: string, exitCode: num
       }
     } else if (kind === "mode") modes.set(w[0], w[1]);
     else if (kind === "sha256") digests.set(w[0], w[1]);
-    else if (kind === "unit") units[w[0]] = { load: w[1], active: w[2], sub: w[3] };
-    else if (kind === "job") jobs.set(w[0], w[1]);
     else if (kind === "record") records.set(w[0], w[1] ?? "");
     else if (kind === "loaded") loaded.set(w[0], w[1]);
     else if (kind === "container") {
@@ -501,7 +523,6 @@ export function parseInspectOutput(stdout: string, stderr: string, exitCode: num
       }
     }
   }
-  for (const [u, job] of jobs) if (units[u]) units[u].job = job;
   for (const i of byName.values()) {
     for (const f of i.files) {
       if (modes.has(f.path)) f.mode = modes.get(f.path);

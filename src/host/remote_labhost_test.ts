@@ -36,10 +36,12 @@ import {
   parseApplyOutput,
   parseInspectOutput,
   parseRemoveOutput,
+  parseUnitsOutput,
   removeScript,
   sha256,
   shellCommand,
   STAGE_SCRIPT_TEXT,
+  unitsScript,
 } from "./remote.ts";
 
 /**
@@ -717,6 +719,17 @@ for (const { suffix, net, podman, shell } of VARIANTS) {
         assert.equal(h.instances[0].files.length, 4, "both quadlets, the config and its mounted twin");
         // the runtime quadlet of pool-c1 generated nothing: the unit is only known as the exporter's dependency
         assert.equal(h.instances[2].runtime?.load, "not-found");
+        // the units-only look (the close checks after an apply) sees the same units and jobs
+        const u = await runScript({ ...host, user: "lab" }, unitsScript());
+        const only = parseUnitsOutput(u.stdout, u.stderr, u.code);
+        assert.ok(only.ok, JSON.stringify(only.errors));
+        for (const i of h.instances) {
+          assert.deepEqual(
+            [only.units[`${i.name}-runtime.service`], only.units[`${i.name}-exporter.service`]],
+            [i.runtime, i.exporter],
+            i.name,
+          );
+        }
       });
 
       await t.step("remove leaves nothing behind, and removing again is fine", async () => {

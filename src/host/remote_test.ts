@@ -10,12 +10,14 @@ import {
   parseApplyOutput,
   parseInspectOutput,
   parseRemoveOutput,
+  parseUnitsOutput,
   podmanTooOld,
   removeScript,
   sha256,
   shellCommand,
   shQuote,
   STAGE_SCRIPT_TEXT,
+  unitsScript,
 } from "./remote.ts";
 import { MIN_PODMAN } from "./quadlet_dialect.ts";
 import { Buffer } from "node:buffer";
@@ -355,6 +357,31 @@ Deno.test("inspectScript: scripts/inspect.sh after the constants, valid sh", asy
   const s = inspectScript();
   await assertParses(s);
   assert.ok(s.startsWith("# inspect\n") && s.endsWith(LIB_SH + INSPECT_SH));
+});
+
+Deno.test("unitsScript: the same inspect.sh asked for the units only, valid sh", async () => {
+  const s = unitsScript();
+  await assertParses(s);
+  assert.ok(s.startsWith("# units\n") && s.includes("SCOPE='units'") && s.endsWith(LIB_SH + INSPECT_SH));
+});
+
+Deno.test("parseUnitsOutput: each unit with its queued job; a units look that did not finish is an error", () => {
+  const out = `qsp unit a-runtime.service loaded active running
+qsp unit a-exporter.service loaded inactive dead
+qsp job a-exporter.service start
+qsp job z-runtime.service stop
+qsp done
+`;
+  assert.deepEqual(parseUnitsOutput(out, "", 0), {
+    ok: true,
+    units: {
+      "a-runtime.service": { load: "loaded", active: "active", sub: "running" },
+      "a-exporter.service": { load: "loaded", active: "inactive", sub: "dead", job: "start" },
+    },
+    errors: [],
+  });
+  const cut = parseUnitsOutput("qsp unit a-runtime.service loaded active running\n", "", 255);
+  assert.deepEqual([cut.ok, cut.errors[0]?.code], [false, "incomplete"]);
 });
 
 Deno.test("coalesced daemon-reload, under dash and bash: the first script under the exclusive lock reloads for all that wrote", async () => {

@@ -25,7 +25,7 @@ import type { Recorder } from "../kube/events.ts";
 import type { Logger } from "../observe/log.ts";
 import type { Metrics } from "../observe/metrics.ts";
 import type { HostOps } from "../host/lab.ts";
-import type { HostInspection } from "../host/remote.ts";
+import type { HostInspection, HostUnits } from "../host/remote.ts";
 import type { HostFacts } from "../host/host_facts.ts";
 import type { LabTarget } from "./credentials.ts";
 import type { Reach } from "./placement.ts";
@@ -94,7 +94,9 @@ export interface Context {
    */
   finalized: Map<string, string>;
   /** The latest inspection per lab host and key, shared by the drift checks and the sweep (host_checks.ts). */
-  inspections: Map<string, HostCheck>;
+  inspections: Map<string, HostLook<HostInspection>>;
+  /** The latest units-only inspection per lab host and key, shared by the close looks at units (host_checks.ts). */
+  unitLooks: Map<string, HostLook<HostUnits>>;
   /** Per lab host and port (factsKey), the facts its last apply found: instances are rendered for them. */
   hostFacts: Map<string, HostFacts>;
   /** Per lab host and port (factsKey), the first apply under way while its facts are unknown (first_contact.ts). */
@@ -106,10 +108,10 @@ export interface Context {
    */
   knownTargets: Map<string, LabTarget[]>;
   /**
-   * Hosts whose instances an Exporter left behind when its finalizer went without a teardown: the sweep visits them
-   * until one pass there succeeds. In memory only.
+   * Hosts whose instances an Exporter left behind when its finalizer went without a teardown, with every way the
+   * teardown had to reach them: the sweep visits them until one pass there succeeds. In memory only.
    */
-  leftOn: Map<string, LabTarget>;
+  leftOn: Map<string, LabTarget[]>;
   /** Per lab host (placement.ts hostKey), since when its SSH commands go unanswered (host_reach.ts). */
   hostReach: Map<string, Reach>;
   /**
@@ -172,10 +174,11 @@ export async function withJoiners<R>(
   return { results, joined };
 }
 
-export interface HostCheck {
-  /** When the inspection began: it describes the host no earlier than this. */
+/** A look at a lab host: the whole inspection or its units only. */
+export interface HostLook<T> {
+  /** When it began: it describes the host no earlier than this. */
   at: number;
-  inspection: Promise<HostInspection>;
+  result: Promise<T>;
 }
 
 /** A context with empty memory. */
@@ -188,6 +191,7 @@ export function newContext(
     | "exporterFailures"
     | "finalized"
     | "inspections"
+    | "unitLooks"
     | "knownTargets"
     | "leftOn"
     | "hostFacts"
@@ -207,6 +211,7 @@ export function newContext(
     exporterFailures: new Map(),
     finalized: new Map(),
     inspections: new Map(),
+    unitLooks: new Map(),
     hostFacts: new Map(),
     firstContacts: new Map(),
     knownTargets: new Map(),

@@ -4,6 +4,7 @@
  * the Exporters, and a rotated key may not be on the host yet. In memory only: a restart forgets it, and then the
  * teardown grace (teardown.ts) bounds how long an Exporter waits.
  */
+import { SshError } from "../host/ssh.ts";
 import type { LabTarget } from "./credentials.ts";
 import { targetString } from "./targets.ts";
 
@@ -31,4 +32,29 @@ export function candidateTargets(memory: Map<string, LabTarget[]>, where: string
     if (!out.some((o) => sameCredentials(o, t))) out.push(t);
   }
   return out;
+}
+
+/** The host let none of the credentials tried in: each was refused (key or host key). */
+export class NoneTaken extends Error {
+  constructor(readonly tried: number, readonly last: unknown) {
+    super(`the host accepts none of the ${tried} SSH keys known for it: ${last}`);
+  }
+}
+
+/**
+ * `fn` with each of `targets` in turn (candidateTargets) until the host lets one in: a refused key or host key tries
+ * the next, as another class's key or known_hosts, or the key before a rotation, may be the one the host takes. Any
+ * other failure is `fn`'s answer. Throws NoneTaken when every one was refused.
+ */
+export async function withFirstTaken<T>(targets: LabTarget[], fn: (target: LabTarget) => Promise<T>): Promise<T> {
+  let last: unknown;
+  for (const target of targets) {
+    try {
+      return await fn(target);
+    } catch (err) {
+      if (!(err instanceof SshError && (err.kind === "auth" || err.kind === "hostkey"))) throw err;
+      last = err;
+    }
+  }
+  throw new NoneTaken(targets.length, last);
 }

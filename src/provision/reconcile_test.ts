@@ -235,7 +235,7 @@ Deno.test("reconcile: each resync, one inspection of the host checks every insta
   assert.deepEqual(since(), [`inspect ${HOST}`], "asked for a fresh look, it inspects");
 });
 
-Deno.test("reconcile: units left starting by the apply are ready once an inspection finds them up, not re-applied", async () => {
+Deno.test("reconcile: units left starting by the apply are ready once a look at the units finds them up, not re-applied", async () => {
   const w = new World();
   w.hosts.startLooks.set(HOST, 1);
   const [a, b] = await w.deployed();
@@ -251,12 +251,16 @@ Deno.test("reconcile: units left starting by the apply are ready once an inspect
   assert.ok(out.requeueAfterMs! <= 1_000, `looked at again within a second: ${out.requeueAfterMs}`);
   w.advance(1_000);
   await w.reconcile();
-  assert.deepEqual(since(), [`inspect ${HOST}`], "one inspection for both, still activating, no apply");
+  assert.deepEqual(
+    since(),
+    [`units ${HOST}`],
+    "one look at the units for both (not a whole inspection), still activating, no apply",
+  );
   assert.equal(w.set.status?.readyReplicas, 0);
   seen = w.hosts.calls.length;
   w.advance(1_000);
   const later = await w.reconcile();
-  assert.deepEqual(since(), [`inspect ${HOST}`]);
+  assert.deepEqual(since(), [`units ${HOST}`]);
   s = w.set.status!;
   assert.deepEqual([s.readyReplicas, s.availableReplicas], [2, 2], "ready once found active");
   assert.equal(condition(w.set, "Progressing")?.reason, "AllReplicasReady");
@@ -318,8 +322,8 @@ Deno.test("reconcile: units still starting after 20 s are applied again, checked
     await w.reconcile();
   }
   assert.equal(w.applies(name), 1, "not applied again while starting");
-  assert.deepEqual(new Set(w.hosts.calls.slice(seen)), new Set([`inspect ${HOST}`]));
-  assert.equal(w.hosts.calls.length - seen, 19, "one inspection a second for both instances");
+  assert.deepEqual(new Set(w.hosts.calls.slice(seen)), new Set([`units ${HOST}`]));
+  assert.equal(w.hosts.calls.length - seen, 19, "one look at the units a second for both instances");
   w.advance(1_000);
   const out = await w.reconcile();
   assert.equal(w.applies(name), 2, "applied again: its report has systemd's restarts and the journal");
@@ -575,7 +579,9 @@ Deno.test("reconcile: an exporter that exits before it was ever Online is starte
   assert.ok(out.requeueAfterMs! <= 5_000, `looked at again within seconds, not at the resync: ${out.requeueAfterMs}`);
   w.advance(50_000);
   w.hosts.exit(HOST, name);
+  const seen = w.hosts.calls.length;
   await w.reconcile();
+  assert.deepEqual(w.hosts.calls.slice(seen), [`units ${HOST}`, `apply ${HOST} ${name}`], "the units asked, not all");
   assert.equal(w.hosts.instance(HOST, name)!.exporter, "active", "started again at the next check");
   assert.equal(w.hosts.instance(HOST, name)!.starts, 2);
   assert.equal(w.ctx.exporterFailures.get(a.metadata.uid!)?.count, 1, "counted for the back-off");
@@ -585,6 +591,19 @@ Deno.test("reconcile: an exporter that exits before it was ever Online is starte
   }
   w.advance(5_000);
   assert.equal((await w.reconcile()).requeueAfterMs, w.ctx.resyncMs);
+});
+
+Deno.test("reconcile: a close look at the units takes a whole inspection begun since instead of asking again", async () => {
+  const w = new World();
+  await w.deployed();
+  w.advance(5_000);
+  await sweep(w.ctx, undefined);
+  const seen = w.hosts.calls.length;
+  await w.reconcile();
+  assert.deepEqual(w.hosts.calls.slice(seen), [], "the sweep's inspection answered the fast check");
+  w.advance(5_000);
+  await w.reconcile();
+  assert.deepEqual(w.hosts.calls.slice(seen), [`units ${HOST}`], "none since: the units are asked");
 });
 
 Deno.test("reconcile: status counts ready, idle, leased and disabled exporters", async () => {
@@ -1250,6 +1269,29 @@ Deno.test("reconcile: past --teardown-grace the finalizer goes with a Warning; t
   w.hosts.down.delete(HOST);
   assert.ok(await sweep(w.ctx, undefined) >= 1);
   assert.equal(w.hosts.instance(HOST, name), undefined, "host clean");
+  assert.equal(w.ctx.leftOn.size, 0, "forgotten once swept");
+});
+
+Deno.test("reconcile: a teardown given up with the Secret's key rotated: the sweep gets in with the key the host took before", async () => {
+  const w = new World();
+  const names = (await w.deployed()).map((e) => e.metadata.name!);
+  w.hosts.keys.set(HOST, KEY);
+  const rotated = await ed25519Key("test"); // not on the host yet
+  w.kube.put<Secret>(SECRETS, {
+    metadata: { name: "lab-ssh-key", namespace: NS },
+    data: { "ssh-privatekey": b64(rotated) },
+  });
+  w.hosts.down.add(HOST);
+  await deleteAll(w, ["set"]);
+  await w.reconcile();
+  w.advance(GRACE_MS);
+  await w.reconcile();
+  assert.deepEqual(w.exporters(), [], "no finalizer stuck past the grace");
+  assert.ok(names.every((n) => w.hosts.instance(HOST, n)), "still on the host, which was down");
+  w.hosts.down.delete(HOST);
+  // the class and its Secret (with the rotated key) still name the host: that key is refused, the one before is not
+  assert.equal(await sweep(w.ctx, undefined), names.length);
+  assert.ok(names.every((n) => !w.hosts.instance(HOST, n)), "host clean");
   assert.equal(w.ctx.leftOn.size, 0, "forgotten once swept");
 });
 

@@ -249,7 +249,7 @@ async function probeSilent(
   const used = new Set(live.map((e) => placeOf(e)?.key));
   const silent = hosts.filter((h) => ctx.hostReach.has(h.key) && !used.has(h.key));
   const since = ctx.now().getTime() - ctx.resyncMs;
-  await Promise.allSettled(silent.map((h) => inspectHost(ctx, h.target, since).inspection));
+  await Promise.allSettled(silent.map((h) => inspectHost(ctx, h.target, since).result));
 }
 
 /**

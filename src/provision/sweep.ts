@@ -9,6 +9,7 @@ import type { LabTarget } from "./credentials.ts";
 import type { Context } from "./context.ts";
 import { forgetOldInspections, inspectHost } from "./host_checks.ts";
 import { hostTargets, targetString } from "./targets.ts";
+import { candidateTargets, withFirstTaken } from "./known_targets.ts";
 
 /**
  * Sweeps every `everyMs` until `signal` aborts; a failed sweep is logged and the next one tries again. Each pass
@@ -32,17 +33,21 @@ export async function sweepLoop(ctx: Context, namespace: string | undefined, eve
  */
 export async function sweep(ctx: Context, namespace: string | undefined, since?: number): Promise<number> {
   const from = since ?? ctx.now().getTime();
-  const targets = new Map(hostTargets(ctx.caches, ctx.provisioner).map((t) => [targetString(t), t]));
-  for (const [where, t] of ctx.leftOn) if (!targets.has(where)) targets.set(where, t);
+  const ways = new Map(hostTargets(ctx.caches, ctx.provisioner).map((t) => [targetString(t), [t]]));
+  for (const [where, ts] of ctx.leftOn) ways.set(where, [...ways.get(where) ?? [], ...ts]);
   const removed = await Promise.all(
-    [...targets].map(([where, target]) =>
-      sweepHost(ctx, namespace, target, from).then((n) => {
-        ctx.leftOn.delete(where);
-        return n;
-      }, (e) => {
-        ctx.log.warn("orphan sweep of a host failed", { host: target.host, error: String(e) });
-        return 0;
-      })
+    [...ways].map(([where, first]) =>
+      // the current key first; one the host refuses (a rotation not on it yet) is followed by those it took before
+      withFirstTaken(candidateTargets(ctx.knownTargets, where, first), (t) => sweepHost(ctx, namespace, t, from)).then(
+        (n) => {
+          ctx.leftOn.delete(where);
+          return n;
+        },
+        (e) => {
+          ctx.log.warn("orphan sweep of a host failed", { host: where, error: String(e) });
+          return 0;
+        },
+      )
     ),
   );
   forgetGone(ctx);
@@ -50,7 +55,7 @@ export async function sweep(ctx: Context, namespace: string | undefined, since?:
 }
 
 async function sweepHost(ctx: Context, namespace: string | undefined, target: LabTarget, since: number) {
-  const inspection = await inspectHost(ctx, target, since).inspection;
+  const inspection = await inspectHost(ctx, target, since).result;
   // Read after the inspection: an instance deployed meanwhile had its Exporter cached before its apply began.
   const known = new Set(ctx.caches.exporters.list().map((e) => e.metadata.uid));
   let removed = 0;

@@ -4,7 +4,6 @@
  */
 import type { Exporter, ExporterSet } from "../api/types.ts";
 import { HostScriptError } from "../host/lab.ts";
-import { SshError } from "../host/ssh.ts";
 import { isConflict, isNotFound } from "../kube/client.ts";
 import type { Outcome } from "../kube/queue.ts";
 import { EXPORTER_SETS, EXPORTERS } from "../kube/resources.ts";
@@ -14,7 +13,7 @@ import { FINALIZER, isOurs, RECLAIM_ANNOTATION, SET_LABEL, setOwner } from "./ma
 import { errorText, retryAfterMs } from "./problems.ts";
 import type { Problem } from "./status.ts";
 import { deployedTargets, parseTarget, TARGET_ANNOTATION } from "./targets.ts";
-import { candidateTargets } from "./known_targets.ts";
+import { candidateTargets, NoneTaken, withFirstTaken } from "./known_targets.ts";
 
 const OWNER_CONFLICT = "OwnerConflict";
 
@@ -87,15 +86,15 @@ export function graceLeftMs(ctx: Context, e: Exporter): number {
  */
 function abandon(ctx: Context, owner: ExporterSet | Exporter, e: Exporter, where: string, candidates: LabTarget[]) {
   const grace = Math.round(ctx.teardownGraceMs / 1000);
-  const [target] = candidates;
-  const later = target
+  const later = candidates.length
     ? "the orphan sweep removes it there once the host lets us in"
     : "no SSH key for that host is known: remove it there by hand";
   const message = `gave up tearing down ${e.metadata.name} on ${where} after ${grace}s (--teardown-grace): ` +
     `${later}`;
   for (const o of owner === e ? [e] : [e, owner]) ctx.recorder.event(o, "Warning", "TeardownAbandoned", message);
   ctx.log.warn("dropping a finalizer without teardown", { exporter: e.metadata.name, host: where });
-  if (target) ctx.leftOn.set(where, parseTarget(where, target));
+  // every way the teardown had: the key the host refused now may be the one a rotation has not reached yet
+  if (candidates.length) ctx.leftOn.set(where, candidates.map((t) => parseTarget(where, t)));
 }
 
 /**
@@ -117,31 +116,28 @@ async function removeInstance(
         "--teardown-grace",
     };
   }
-  for (const target of targets) {
-    try {
-      await ctx.hosts.remove(parseTarget(where, target), e.metadata.name!, e.metadata.uid);
-      return undefined;
-    } catch (err) {
-      // another key, or another class's known_hosts, may be the one the host takes
-      if (err instanceof SshError && (err.kind === "auth" || err.kind === "hostkey")) continue;
-      if (err instanceof HostScriptError && err.code === "owner-conflict") {
-        ctx.log.warn("teardown left an instance that is not ours", { exporter: e.metadata.name, error: err.message });
-        return { reason: OWNER_CONFLICT, message: `left ${e.metadata.name} on ${where} as it is: ${err.message}` };
-      }
+  try {
+    await withFirstTaken(targets, (t) => ctx.hosts.remove(parseTarget(where, t), e.metadata.name!, e.metadata.uid));
+    return undefined;
+  } catch (err) {
+    if (err instanceof NoneTaken) {
+      ctx.log.warn("teardown found no key the host accepts", { exporter: e.metadata.name, host: where });
       return {
-        reason: "TeardownFailed",
-        message: `teardown of ${e.metadata.name} on ${where} failed, will retry: ${errorText(err)}`,
+        reason: "TeardownNoKey",
+        message: `cannot tear down ${e.metadata.name} on ${where}: the host accepts none of the ${targets.length} ` +
+          "SSH keys known for it (the classes' in its namespace, and those it took before); give a class the key of " +
+          "that host, or remove the instance there by hand; the finalizer goes after --teardown-grace",
       };
     }
+    if (err instanceof HostScriptError && err.code === "owner-conflict") {
+      ctx.log.warn("teardown left an instance that is not ours", { exporter: e.metadata.name, error: err.message });
+      return { reason: OWNER_CONFLICT, message: `left ${e.metadata.name} on ${where} as it is: ${err.message}` };
+    }
+    return {
+      reason: "TeardownFailed",
+      message: `teardown of ${e.metadata.name} on ${where} failed, will retry: ${errorText(err)}`,
+    };
   }
-  const problem = {
-    reason: "TeardownNoKey",
-    message: `cannot tear down ${e.metadata.name} on ${where}: the host accepts none of the ${targets.length} SSH ` +
-      "keys known for it (the classes' in its namespace, and those it took before); give a class the key of that " +
-      "host, or remove the instance there by hand; the finalizer goes after --teardown-grace",
-  };
-  ctx.log.warn("teardown found no key the host accepts", { exporter: e.metadata.name, host: where });
-  return problem;
 }
 
 /**
