@@ -10,7 +10,7 @@ import { CRDS as CRD_RESOURCE, NAMESPACES } from "../src/kube/resources.ts";
 import type { LabHost, LabNet } from "./labhost/labhost.ts";
 import type { HostInspection, HostUnits } from "../src/host/remote.ts";
 import type { RenderedInstance } from "../src/host/render.ts";
-import { drift, foundUnits, starting, unitsDown } from "../src/host/drift.ts";
+import { drift, starting, unitsLook } from "../src/host/drift.ts";
 import { startingCheckMs } from "../src/provision/deploy.ts";
 
 export interface TestEnv {
@@ -129,7 +129,8 @@ export async function inspectUntilUp(
     const seen = await look();
     const off = rendered.flatMap((r) => {
       if ("units" in seen) {
-        return [...unitsDown(r, foundUnits(r, seen.units)), ...starting(r, foundUnits(r, seen.units))];
+        const u = unitsLook(r, seen.units);
+        return [...u.drift, ...u.starting];
       }
       const i = seen.instances.find((f) => f.name === r.name);
       return [...drift(r, i), ...starting(r, i)];

@@ -31,16 +31,19 @@ export function drift(r: RenderedInstance, found: InspectedInstance | undefined)
 }
 
 /** The instance's units as an inspection found them, of the whole host or of its units only (HostUnits). */
-export type FoundUnits = Pick<InspectedInstance, "runtime" | "exporter">;
+type FoundUnits = Pick<InspectedInstance, "runtime" | "exporter">;
 
-/** The instance's units from a units-only inspection. */
-export const foundUnits = (r: RenderedInstance, units: HostUnits["units"]): FoundUnits => ({
-  runtime: units[r.units.runtime],
-  exporter: units[r.units.exporter],
-});
+/**
+ * What a units-only inspection tells of the instance: its units neither active nor on their way up (all it can tell of
+ * drift), and those on their way up (see starting).
+ */
+export function unitsLook(r: RenderedInstance, units: HostUnits["units"]): { drift: string[]; starting: string[] } {
+  const found = { runtime: units[r.units.runtime], exporter: units[r.units.exporter] };
+  return { drift: unitsDown(r, found), starting: starting(r, found) };
+}
 
-/** Its units neither active nor on their way up, one phrase each: what a units-only look can tell of drift. */
-export function unitsDown(r: RenderedInstance, found: FoundUnits): string[] {
+/** Its units neither active nor on their way up, one phrase each. */
+function unitsDown(r: RenderedInstance, found: FoundUnits): string[] {
   return unitsOf(r, found).filter(([, s]) => s?.active !== "active" && !isStarting(s)).map(([unit, s]) =>
     `${unit} is ${s ? s.active : "not loaded"}`
   );

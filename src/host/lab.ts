@@ -1,6 +1,6 @@
 /**
- * What the reconciler does on a lab host: apply, remove, inspect (all, or only the units). Each is one script over one pooled SSH channel
- * (remote.ts builds the scripts and parses their output; ssh.ts carries them).
+ * What the reconciler does on a lab host: apply, remove, inspect (all, or only the units). Each is one script over
+ * one pooled SSH channel (remote.ts builds the scripts and parses their output; ssh.ts carries them).
  */
 import type { RenderedInstance } from "./render.ts";
 import type { HostFacts } from "./host_facts.ts";

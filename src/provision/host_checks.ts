@@ -5,7 +5,7 @@
  * units only, shared the same way.
  */
 import { createHash } from "node:crypto";
-import { drift, foundUnits, starting, unitsDown } from "../host/drift.ts";
+import { drift, starting, unitsLook } from "../host/drift.ts";
 import type { RenderedInstance } from "../host/render.ts";
 import type { HostInspection } from "../host/remote.ts";
 import type { LabTarget } from "./credentials.ts";
@@ -87,8 +87,7 @@ export async function unitsSince(
 ): Promise<Checked> {
   if ((ctx.inspections.get(lookKey(target))?.at ?? -Infinity) > since) return driftSince(ctx, target, r, since);
   const look = lookSince(ctx, ctx.unitLooks, target, since, () => ctx.hosts.units(target));
-  const found = foundUnits(r, (await look.result).units);
-  return { at: look.at, drift: unitsDown(r, found), starting: starting(r, found) };
+  return { at: look.at, ...unitsLook(r, (await look.result).units) };
 }
 
 /** Drops looks begun before `before`, older than any caller takes, so hosts no longer used are not kept. */
