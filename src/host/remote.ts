@@ -88,10 +88,6 @@ export const LOCK_WAIT_SECONDS = 60;
 /** Holds the hash of the service definition a unit was last started with by an apply (its `started_with`). */
 export const startedPath = (unit: string) => `${RUN_DIR}/${unit}.started`;
 
-function sedEscape(s: string): string {
-  return s.replace(/[.[\]*^$\\/]/g, (c) => `\\${c}`);
-}
-
 const JOURNAL_LINES = 5;
 export const sha256 = (s: string) => createHash("sha256").update(s, "utf8").digest("hex");
 
@@ -105,7 +101,7 @@ const CONSTANTS = assignments({
   PROVISIONER,
   CONTROLLER_LABEL,
   EXPORTER_UID,
-  OWNER_RE: sedEscape(OWNER_PREFIX),
+  OWNER_PREFIX,
   RUN_DIR,
   HOST_LOCK,
   LOCK_WAIT_SECONDS,

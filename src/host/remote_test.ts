@@ -88,7 +88,7 @@ Deno.test("applyScript: scripts/apply.sh as it is after a header of values, vali
   assert.equal(v.DEVICES, "/dev/ttyUSB0");
   assert.equal(v.KVM_REQUIRED, "1");
   assert.equal(v.EXPORTER_UID, "65532");
-  assert.equal(v.OWNER_RE, String.raw`# qemu-ssh\.jumpstarter\.dev\/owner: `);
+  assert.equal(v.OWNER_PREFIX, "# qemu-ssh.jumpstarter.dev/owner: ");
   assert.equal((await headerValues(applyScript(rendered, { kvmRequired: false }))).KVM_REQUIRED, "0");
   assert.equal(v.KEEP_EXITED, "0", "exited exporters are restarted by default");
   assert.equal((await headerValues(applyScript(rendered, { kvmRequired: true, keepExited: true }))).KEEP_EXITED, "1");

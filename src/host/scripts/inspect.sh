@@ -1,7 +1,7 @@
 # inspect: one round trip that describes the host and every instance we manage on it, including half-deployed
 # leftovers: a config without quadlets, a container or volume without files (remote.ts inspectScript). After lib.sh;
 # the header's constants are all it needs. SCOPE=units asks only for the units and their jobs: the close looks at
-# units on their way up (deploy.ts) need no more, and cost a few processes instead of the whole inspection's hundred.
+# units on their way up (deploy.ts) need no more, and cost a few processes instead of the whole inspection's sixty.
 units() {
   step=units
   systemctl list-units --all --plain --no-legend --no-pager '*-runtime.service' '*-exporter.service' 2>/dev/null |
@@ -39,20 +39,28 @@ for d in /etc /var/lib/containers "$DISK_DIR"; do
 done
 
 step=files
-owned=
+files=
 for f in "$QUADLET_DIR"/*-runtime.container "$QUADLET_DIR"/*-exporter.container "$CONFIG_DIR"/*.yaml \
   "$CONFIG_DIR"/*.d/*.yaml; do
-  if [ ! -f "$f" ]; then continue; fi
-  o=$(head -n 2 "$f" | sed -n "s/^$OWNER_RE//p")
-  if [ -z "$o" ]; then continue; fi
-  owned="$owned$f$nl"
-  b=${f##*/}
-  case "$b" in
-  *-runtime.container) say file runtime "${b%-runtime.container}" "$f" "$o" ;;
-  *-exporter.container) say file exporter "${b%-exporter.container}" "$f" "$o" ;;
-  *) say file config "${b%.yaml}" "$f" "$o" ;;
-  esac
+  if [ -f "$f" ]; then files="$files$f$nl"; fi
 done
+owned=
+if [ -n "$files" ]; then
+  # shellcheck disable=SC2086 # split on newlines only, no globbing: one word per path
+  found=$(IFS=$nl && set -f && owners $files)
+  while read -r f o; do
+    if [ -z "$f" ]; then continue; fi
+    owned="$owned$f$nl"
+    b=${f##*/}
+    case "$b" in
+    *-runtime.container) say file runtime "${b%-runtime.container}" "$f" "$o" ;;
+    *-exporter.container) say file exporter "${b%-exporter.container}" "$f" "$o" ;;
+    *) say file config "${b%.yaml}" "$f" "$o" ;;
+    esac
+  done <<EOF
+$found
+EOF
+fi
 
 step=digests
 # what the controller compares with what it rendered (drift): two processes for all files, not two per file

@@ -63,9 +63,22 @@ refuse_if_errors() {
     exit 2
   fi
 }
-# the uid in the ownership line of a file we wrote (first two lines only: the config's values cannot start a line
-# there), empty if it has none
-owner_uid() { head -n 2 "$1" 2>/dev/null | sed -n "s/^$OWNER_RE.* uid=\\([^ ]*\\)\$/\\1/p"; }
+# FILE...: "FILE OWNER" for each file we wrote, OWNER its ownership line after OWNER_PREFIX (first two lines only: the
+# config's values cannot start a line there). One awk for all the files: a head and a sed for each made a whole
+# inspection of a host with 8 instances cost some 150 processes.
+owners() {
+  P=$OWNER_PREFIX awk 'FNR == 1 { n = 0 }
+    FNR <= 2 && !n && index($0, ENVIRON["P"]) == 1 && length($0) > length(ENVIRON["P"]) {
+      n = 1
+      print FILENAME " " substr($0, length(ENVIRON["P"]) + 1)
+    }' "$@" 2>/dev/null
+}
+# the uid at the end of the ownership line of a file we wrote, empty if it has none
+owner_uid() {
+  ou=$(owners "$1")
+  case "$ou" in *" uid="*) ou=${ou##* uid=} ;; *) ou= ;; esac
+  case "$ou" in *" "*) ;; *) printf '%s\n' "$ou" ;; esac
+}
 # PATH UID: refuse to touch a file another exporter (or a person) owns; UID empty: any of ours
 check_owner() {
   if [ ! -e "$1" ]; then return 0; fi
