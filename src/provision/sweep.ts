@@ -10,6 +10,13 @@ import type { Context } from "./context.ts";
 import { forgetOldInspections, inspectHost } from "./host_checks.ts";
 import { hostTargets, targetString } from "./targets.ts";
 import { candidateTargets, withFirstTaken } from "./known_targets.ts";
+import { mapAtMost } from "./at_most.ts";
+
+/**
+ * Hosts inspected at once by a pass: a pass over 500 hosts takes seconds at this bound, and all at once it made the
+ * controller's peak memory (at_most.ts).
+ */
+const HOSTS_AT_ONCE = 16;
 
 /**
  * Sweeps every `everyMs` until `signal` aborts; a failed sweep is logged and the next one tries again. Each pass
@@ -27,29 +34,26 @@ export async function sweepLoop(ctx: Context, namespace: string | undefined, eve
 
 /**
  * Removes instances on our hosts whose Exporter no longer exists, judged by an inspection of each host begun after
- * `since` (default: just now). Returns how many were removed. Hosts are swept in parallel and each on its own:
- * one that is down neither delays nor stops the sweep of the others. With a namespace, instances of other namespaces
- * are not ours to judge.
+ * `since` (default: just now). Returns how many were removed. Hosts are swept HOSTS_AT_ONCE at a time, each on its
+ * own: one that is down neither stops the sweep of the others nor holds more than its own turn. With a namespace,
+ * instances of other namespaces are not ours to judge.
  */
 export async function sweep(ctx: Context, namespace: string | undefined, since?: number): Promise<number> {
   const from = since ?? ctx.now().getTime();
   const ways = new Map(hostTargets(ctx.caches, ctx.provisioner).map((t) => [targetString(t), [t]]));
   for (const [where, ts] of ctx.leftOn) ways.set(where, [...ways.get(where) ?? [], ...ts]);
-  const removed = await Promise.all(
-    [...ways].map(([where, first]) =>
-      // the current key first; one the host refuses (a rotation not on it yet) is followed by those it took before
-      withFirstTaken(candidateTargets(ctx.knownTargets, where, first), (t) => sweepHost(ctx, namespace, t, from)).then(
-        (n) => {
-          ctx.leftOn.delete(where);
-          return n;
-        },
-        (e) => {
-          ctx.log.warn("orphan sweep of a host failed", { host: where, error: String(e) });
-          return 0;
-        },
-      )
-    ),
-  );
+  const removed = await mapAtMost([...ways], HOSTS_AT_ONCE, ([where, first]) =>
+    // the current key first; one the host refuses (a rotation not on it yet) is followed by those it took before
+    withFirstTaken(candidateTargets(ctx.knownTargets, where, first), (t) => sweepHost(ctx, namespace, t, from)).then(
+      (n) => {
+        ctx.leftOn.delete(where);
+        return n;
+      },
+      (e) => {
+        ctx.log.warn("orphan sweep of a host failed", { host: where, error: String(e) });
+        return 0;
+      },
+    ));
   forgetGone(ctx);
   return removed.reduce((a, b) => a + b, 0);
 }
