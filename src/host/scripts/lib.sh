@@ -67,11 +67,20 @@ refuse_if_errors() {
 # config's values cannot start a line there). One awk for all the files: a head and a sed for each made a whole
 # inspection of a host with 8 instances cost some 150 processes.
 owners() {
-  P=$OWNER_PREFIX awk 'FNR == 1 { n = 0 }
-    FNR <= 2 && !n && index($0, ENVIRON["P"]) == 1 && length($0) > length(ENVIRON["P"]) {
-      n = 1
-      print FILENAME " " substr($0, length(ENVIRON["P"]) + 1)
-    }' "$@" 2>/dev/null
+  # getline rather than awk's own file loop: mawk (Debian's awk) stops at a file it cannot open, and one removed since
+  # it was listed would hide all the files after it
+  P=$OWNER_PREFIX awk 'BEGIN {
+    p = ENVIRON["P"]
+    for (i = 1; i < ARGC; i++) {
+      for (k = 1; k <= 2 && (getline l <ARGV[i]) > 0; k++) {
+        if (index(l, p) == 1 && length(l) > length(p)) {
+          print ARGV[i] " " substr(l, length(p) + 1)
+          break
+        }
+      }
+      close(ARGV[i])
+    }
+  }' "$@"
 }
 # the uid at the end of the ownership line of a file we wrote, empty if it has none
 owner_uid() {
