@@ -63,13 +63,9 @@ running() {
   case "$active" in active | activating | reloading) return 0 ;; esac
   return 1
 }
-# UNIT: a start or restart job is queued for UNIT and not done yet (the apply queues them and does not wait)
-start_queued() {
-  case " $(systemctl list-jobs --no-legend "$1" 2>/dev/null | tr '\n' ' ') " in
-  *" start "* | *" restart "*) return 0 ;;
-  esac
-  return 1
-}
+# UNIT: the jobs queued for UNIT and not done yet, their lines joined, into jobs (the apply queues start and restart
+# jobs and does not wait)
+queued() { jobs=$(systemctl list-jobs --no-legend "$1" 2>/dev/null | tr '\n' ' '); }
 # UNIT: remember on the host which definition UNIT was (re)started with, once its job is queued. Written after the
 # start, so a script killed in between leaves the old record: the next apply restarts once more rather than never.
 started_with() {
@@ -420,13 +416,18 @@ for u in "$RT" "$EX"; do
   if [ "$u" = "$EX" ] && [ "$ex_exited" = 1 ]; then continue; fi
   case " $restart " in *" $u "*) continue ;; esac
   unit "$u"
-  # an exporter on its way out after a lease (ExitAndReplace) is let go: the next apply reports it exited
-  if [ "$u" = "$EX" ] && [ "$KEEP_EXITED" = 1 ] && [ "$active" = deactivating ]; then continue; fi
   case "$active" in
   active | activating | reloading) ;;
   *)
+    queued "$u"
+    case " $jobs " in
     # an earlier apply's start or restart still under way (a restart passes through deactivating): not down
-    if start_queued "$u"; then continue; fi
+    *" start "* | *" restart "*) continue ;;
+    esac
+    # deactivating with no job: its process ended by itself and systemd's Restart= decides, which a start now would
+    # race (an exporter comes back; one on its way out after a lease, under KEEP_EXITED, is let go and the next apply
+    # reports it exited). One that stays down is the next apply's to start.
+    if [ "$active" = deactivating ] && [ -z "$jobs" ]; then continue; fi
     # a unit that hit its start limit refuses to start until reset
     if [ "$active" = failed ]; then systemctl reset-failed "$u"; fi
     systemctl start --no-block "$u"
