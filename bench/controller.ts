@@ -18,7 +18,7 @@ export interface ProcSample {
 }
 
 let clockTicks: number | undefined;
-async function ticksPerSecond(): Promise<number> {
+export async function ticksPerSecond(): Promise<number> {
   if (clockTicks === undefined) {
     const out = await new Deno.Command("getconf", { args: ["CLK_TCK"], stdout: "piped" }).output();
     clockTicks = Number(new TextDecoder().decode(out.stdout).trim()) || 100;

@@ -11,6 +11,7 @@ import type { Placement } from "../fleet.ts";
 import { sshTargetOf } from "../fleet.ts";
 import type { SshTarget } from "../../src/host/ssh.ts";
 import type { LabHost } from "../../test/labhost/labhost.ts";
+import { cpuSplit, type Grouping, readCpu } from "../proc_cpu.ts";
 
 export interface FloorResult {
   deploySeconds: number;
@@ -24,6 +25,8 @@ export interface FloorResult {
   hostBusy: number;
   /** CPU seconds of this process (ssh2 client side) per phase. */
   clientCpu: { deploy: number; teardown: number };
+  /** CPU seconds by process group per phase (proc_cpu.ts), the whole machine's as "machine". */
+  cpuByGroup: { deploy: Record<string, number>; teardown: Record<string, number> };
 }
 
 const cpuSeconds = () => {
@@ -31,7 +34,7 @@ const cpuSeconds = () => {
   return (u.user + u.system) / 1e6;
 };
 
-export async function measureFloor(placement: Placement): Promise<FloorResult> {
+export async function measureFloor(placement: Placement, groupOf: Grouping): Promise<FloorResult> {
   const pool = new SshPool({ commandTimeoutMs: 600_000, connectTimeoutMs: 60_000 });
   const lab = new LabHosts(pool);
   const targets = new Map<LabHost, SshTarget>();
@@ -45,6 +48,8 @@ export async function measureFloor(placement: Placement): Promise<FloorResult> {
     }));
     const opened = pool.stats().connectionsOpened;
     const c0 = pool.stats().commands;
+    // read outside the timed phases: /proc of a thousand processes takes a while
+    let before = await readCpu(groupOf);
     let cpu = cpuSeconds();
     let t = performance.now();
     let hostBusy = 0;
@@ -65,6 +70,7 @@ export async function measureFloor(placement: Placement): Promise<FloorResult> {
     ));
     const deploySeconds = (performance.now() - t) / 1000;
     const deployCpu = cpuSeconds() - cpu;
+    const deployGroups = await cpuSplit(before, await readCpu(groupOf));
     const deployCommands = pool.stats().commands - c0;
     // untimed: the fakes must report what was applied as a real host would, or the controller's resync checks would
     // see drift that is not there (test/scalehost_test.ts checks the same on one host)
@@ -76,6 +82,7 @@ export async function measureFloor(placement: Placement): Promise<FloorResult> {
       }
     }));
     const c1 = pool.stats().commands;
+    before = await readCpu(groupOf);
     cpu = cpuSeconds();
     t = performance.now();
     await Promise.all(
@@ -94,6 +101,7 @@ export async function measureFloor(placement: Placement): Promise<FloorResult> {
     );
     const teardownSeconds = (performance.now() - t) / 1000;
     const teardownCpu = cpuSeconds() - cpu;
+    const teardownGroups = await cpuSplit(before, await readCpu(groupOf));
     return {
       deploySeconds,
       teardownSeconds,
@@ -102,6 +110,7 @@ export async function measureFloor(placement: Placement): Promise<FloorResult> {
       teardownCommands: pool.stats().commands - c1,
       connectionsDuringPhases: pool.stats().connectionsOpened - opened,
       clientCpu: { deploy: deployCpu, teardown: teardownCpu },
+      cpuByGroup: { deploy: deployGroups, teardown: teardownGroups },
     };
   } finally {
     await pool.close();

@@ -165,6 +165,17 @@ export function markdown(r: ScaleResults): string {
         `delete ${kinds(s.teardown.sshCommandsByKind)}.`,
     );
   }
+  const groups = (g: Record<string, number> | undefined) =>
+    Object.entries(g ?? {}).map(([k, v]) => `${k} ${f(v)}`).join(", ") || "-";
+  for (const s of r.sizes) {
+    L.push(
+      "",
+      `CPU seconds by process group at ${s.hosts} x ${s.perHost} (/proc; a live process counts its ended children, ` +
+        "machine: all CPUs busy): floor deploy " + groups(s.floor.cpuByGroup?.deploy) + "; converge " +
+        groups(s.converge.cpuByGroup) + "; floor remove " + groups(s.floor.cpuByGroup?.teardown) + "; delete " +
+        groups(s.teardown.cpuByGroup) + ".",
+    );
+  }
   const steady = r.sizes.find((s) => s.steady);
   if (steady?.steady) {
     const st = steady.steady;

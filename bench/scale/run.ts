@@ -20,6 +20,7 @@ import { total } from "../prom.ts";
 import { percentile } from "../stats.ts";
 import { type FloorResult, measureFloor } from "./floor.ts";
 import { type LiveHeap, type ProfileSummary, ScaleController } from "./controller.ts";
+import { type CpuReading, cpuSplit, type Grouping, machineCpu, readCpu } from "../proc_cpu.ts";
 
 export interface Phase {
   seconds: number;
@@ -41,6 +42,8 @@ export interface Phase {
   reconciles: number;
   /** The whole machine's CPU use over the phase (all processes, other people's too), in cores busy on average. */
   machineCoresBusy: number;
+  /** CPU seconds by process group (proc_cpu.ts), and the whole machine's as "machine". */
+  cpuByGroup: Record<string, number>;
   profile?: ProfileSummary;
   /** With --profile: the live heap after a full GC at the end of the phase, and what allocated it. */
   heap?: LiveHeap;
@@ -92,13 +95,7 @@ interface Snap {
   /** /proc/stat: jiffies busy and total, all CPUs. */
   busy: number;
   jiffies: number;
-}
-
-async function machineCpu(): Promise<{ busy: number; jiffies: number }> {
-  const line = (await Deno.readTextFile("/proc/stat")).split("\n")[0].split(/\s+/).slice(1).map(Number);
-  const [user, nice, system, idle, iowait, irq, softirq, steal] = line;
-  const busy = user + nice + system + irq + softirq + (steal ?? 0);
-  return { busy, jiffies: busy + idle + iowait };
+  procs: CpuReading;
 }
 
 export interface RunOptions {
@@ -152,6 +149,19 @@ export async function runSize(o: RunOptions): Promise<SizeResult> {
   const instances = n * perHost;
   const fleet = hosts.map(() => perHost);
 
+  // the programs sharing the cores, for the CPU split of each phase (the controller's once it runs)
+  let controllerPid = -1;
+  const groupOf: Grouping = (pid, comm) =>
+    pid === controllerPid
+      ? "controller"
+      : pid === Deno.pid
+      ? "bench and fake Jumpstarter"
+      : comm.startsWith("sshd")
+      ? "hosts (sshd and the scripts)"
+      : ["kube-apiserver", "etcd", "kube-controller"].includes(comm)
+      ? comm
+      : "other";
+
   // ---- floor
   const floorSeed = await seedFor(`floor-${n}`, hosts, fleet);
   const floor: FloorResult = o.skipFloor
@@ -163,8 +173,9 @@ export async function runSize(o: RunOptions): Promise<SizeResult> {
       connectionsDuringPhases: 0,
       hostBusy: 0,
       clientCpu: { deploy: NaN, teardown: NaN },
+      cpuByGroup: { deploy: {}, teardown: {} },
     }
-    : await measureFloor(renderFleet(floorSeed, fleet, await labFacts(floorSeed.sets[0].host)));
+    : await measureFloor(renderFleet(floorSeed, fleet, await labFacts(floorSeed.sets[0].host)), groupOf);
   const afterFloor = await leftovers();
   if (afterFloor.length) throw new Error(`floor left instances: ${afterFloor.slice(0, 5).join("; ")}`);
   log(
@@ -194,6 +205,7 @@ export async function runSize(o: RunOptions): Promise<SizeResult> {
     inspect: o.profile,
     denoFlags: o.controllerFlags,
   });
+  controllerPid = controller.pid;
   const snap = async (): Promise<Snap> => {
     const [proc, m, served, up, accepted, cpu] = await Promise.all([
       controller.proc(),
@@ -203,8 +215,11 @@ export async function runSize(o: RunOptions): Promise<SizeResult> {
       Promise.all(hosts.map(acceptedConnections)).then((a) => a.reduce((x, y) => x + y, 0)),
       machineCpu(),
     ]);
+    const at = performance.now();
+    // after the clock: /proc of a thousand processes takes a while
+    const procs = await readCpu(groupOf);
     return {
-      at: performance.now(),
+      at,
       up,
       cpu: proc.cpuSeconds,
       rss: proc.rssMiB,
@@ -227,6 +242,7 @@ export async function runSize(o: RunOptions): Promise<SizeResult> {
       accepted,
       busy: cpu.busy,
       jiffies: cpu.jiffies,
+      procs,
     };
   };
   const hostSessions = async (a: Snap, b: Snap) => {
@@ -260,6 +276,7 @@ export async function runSize(o: RunOptions): Promise<SizeResult> {
       sshConnectionsMetric: b.sshConns - a.sshConns,
       reconciles: b.reconciles - a.reconciles,
       machineCoresBusy: ((b.busy - a.busy) / Math.max(1, b.jiffies - a.jiffies)) * navigator.hardwareConcurrency,
+      cpuByGroup: await cpuSplit(a.procs, b.procs),
     };
   };
   const profilePath = (what: string) => join(o.dir, `${ns}-${what}.cpuprofile`);
