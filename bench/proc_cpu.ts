@@ -37,13 +37,13 @@ async function cpuSnapshot(groupOf: Grouping): Promise<CpuSnapshot> {
 /** The processes' and the machine's CPU at one moment. */
 export interface CpuReading {
   procs: CpuSnapshot;
-  /** /proc/stat's busy jiffies, all CPUs (machineCpu). */
+  /** /proc/stat: jiffies busy and total, all CPUs. */
   busy: number;
+  jiffies: number;
 }
 
 export async function readCpu(groupOf: Grouping): Promise<CpuReading> {
-  const busy = (await machineCpu()).busy;
-  return { procs: await cpuSnapshot(groupOf), busy };
+  return { ...await machineCpu(), procs: await cpuSnapshot(groupOf) };
 }
 
 /** CPU seconds per group between two readings, largest first, then the whole machine's as "machine". */
@@ -57,8 +57,7 @@ export async function cpuSplit(a: CpuReading, b: CpuReading): Promise<Record<str
   return { ...Object.fromEntries(groups), machine: tenth((b.busy - a.busy) / await ticksPerSecond()) };
 }
 
-/** /proc/stat: jiffies busy and total, all CPUs. */
-export async function machineCpu(): Promise<{ busy: number; jiffies: number }> {
+async function machineCpu(): Promise<{ busy: number; jiffies: number }> {
   const line = (await Deno.readTextFile("/proc/stat")).split("\n")[0].split(/\s+/).slice(1).map(Number);
   const [user, nice, system, idle, iowait, irq, softirq, steal] = line;
   const busy = user + nice + system + irq + softirq + (steal ?? 0);

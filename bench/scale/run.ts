@@ -20,7 +20,7 @@ import { total } from "../prom.ts";
 import { percentile } from "../stats.ts";
 import { type FloorResult, measureFloor } from "./floor.ts";
 import { type LiveHeap, type ProfileSummary, ScaleController } from "./controller.ts";
-import { type CpuReading, cpuSplit, type Grouping, machineCpu, readCpu } from "../proc_cpu.ts";
+import { type CpuReading, cpuSplit, type Grouping, readCpu } from "../proc_cpu.ts";
 
 export interface Phase {
   seconds: number;
@@ -92,10 +92,8 @@ interface Snap {
   sshConns: number;
   reconciles: number;
   accepted: number;
-  /** /proc/stat: jiffies busy and total, all CPUs. */
-  busy: number;
-  jiffies: number;
-  procs: CpuReading;
+  /** The processes' and the machine's CPU (/proc), read after `at`. */
+  machine: CpuReading;
 }
 
 export interface RunOptions {
@@ -207,17 +205,16 @@ export async function runSize(o: RunOptions): Promise<SizeResult> {
   });
   controllerPid = controller.pid;
   const snap = async (): Promise<Snap> => {
-    const [proc, m, served, up, accepted, cpu] = await Promise.all([
+    const [proc, m, served, up, accepted] = await Promise.all([
       controller.proc(),
       controller.metrics(),
       cluster.served(),
       uptime(),
       Promise.all(hosts.map(acceptedConnections)).then((a) => a.reduce((x, y) => x + y, 0)),
-      machineCpu(),
     ]);
     const at = performance.now();
     // after the clock: /proc of a thousand processes takes a while
-    const procs = await readCpu(groupOf);
+    const machine = await readCpu(groupOf);
     return {
       at,
       up,
@@ -240,9 +237,7 @@ export async function runSize(o: RunOptions): Promise<SizeResult> {
       sshConns: total(m, "qemu_ssh_connections_opened_total"),
       reconciles: total(m, "controller_runtime_reconcile_total"),
       accepted,
-      busy: cpu.busy,
-      jiffies: cpu.jiffies,
-      procs,
+      machine,
     };
   };
   const hostSessions = async (a: Snap, b: Snap) => {
@@ -275,8 +270,9 @@ export async function runSize(o: RunOptions): Promise<SizeResult> {
       sshConnections: b.accepted - a.accepted,
       sshConnectionsMetric: b.sshConns - a.sshConns,
       reconciles: b.reconciles - a.reconciles,
-      machineCoresBusy: ((b.busy - a.busy) / Math.max(1, b.jiffies - a.jiffies)) * navigator.hardwareConcurrency,
-      cpuByGroup: await cpuSplit(a.procs, b.procs),
+      machineCoresBusy: ((b.machine.busy - a.machine.busy) / Math.max(1, b.machine.jiffies - a.machine.jiffies)) *
+        navigator.hardwareConcurrency,
+      cpuByGroup: await cpuSplit(a.machine, b.machine),
     };
   };
   const profilePath = (what: string) => join(o.dir, `${ns}-${what}.cpuprofile`);
