@@ -69,3 +69,37 @@ Deno.test("host facts: lib.sh's host_facts prints the wire form under dash and b
     assert.deepEqual(parseFacts(wire), { podman: "4.9.3", kvm: { mode: 0o660, gid } });
   }
 });
+
+Deno.test("host facts: podman's version is asked once per binary, again once it is replaced or rewritten in place", async () => {
+  for (const shell of ["dash", "bash"]) {
+    const dir = await Deno.makeTempDir();
+    try {
+      // a FAKE podman, an executable first in the scripts' PATH, that counts the times it is run
+      const fake = (v: string) =>
+        Deno.writeTextFile(`${dir}/podman`, `#!/bin/sh\necho x >>${dir}/calls\necho 'podman version ${v}'\n`, {
+          mode: 0o755,
+        });
+      const sh = LIB_SH.replace("PATH=/usr/local/sbin:", `PATH=${dir}:/usr/local/sbin:`);
+      assert.notEqual(sh, LIB_SH, "lib.sh sets its PATH as this test expects");
+      const facts = async () => {
+        const script = `RUN_DIR=${dir}/run\n${sh}\nhost_facts\nprintf '%s\\n' "$podman_version"\n`;
+        const out = await new Deno.Command(shell, { args: ["-c", script] }).output();
+        assert.equal(out.code, 0, new TextDecoder().decode(out.stderr));
+        const calls = (await Deno.readTextFile(`${dir}/calls`).catch(() => "")).split("\n").length - 1;
+        return [new TextDecoder().decode(out.stdout).trim(), calls];
+      };
+      await fake("5.4.2");
+      assert.deepEqual(await facts(), ["5.4.2", 1], shell);
+      assert.deepEqual(await facts(), ["5.4.2", 1], `${shell}: kept, not asked again`);
+      // the same size, the same inode, within the same second: what a wrapper rewritten by a test (or a hand) looks like
+      await Deno.writeTextFile(`${dir}/podman`, (await Deno.readTextFile(`${dir}/podman`)).replace("5.4.2", "5.4.3"));
+      assert.deepEqual(await facts(), ["5.4.3", 2], `${shell}: rewritten in place`);
+      await Deno.remove(`${dir}/podman`);
+      await fake("4.9.3");
+      assert.deepEqual(await facts(), ["4.9.3", 3], `${shell}: replaced`);
+      assert.deepEqual(await facts(), ["4.9.3", 3], shell);
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  }
+});

@@ -148,9 +148,31 @@ reload_systemd() {
 # (some device managers do that); the container gets the node's mode and gid.
 # shellcheck disable=SC2034 # facts and podman_version are the result, read by the caller
 host_facts() {
-  podman_version=$(podman --version 2>/dev/null || true)
-  podman_version=${podman_version##* }
+  read_podman_version
   kvm=none
   if [ -c /dev/kvm ]; then kvm=$(stat -L -c %a:%g /dev/kvm); fi
   facts="podman=$podman_version kvm=$kvm"
+}
+# Sets podman_version to the number `podman --version` prints, "" without one. That command starts all of Podman, some
+# 50 ms of CPU where a stat takes 2: every apply and whole inspection asks, so the answer is kept in RUN_DIR (a tmpfs,
+# empty at boot) for the binary that gave it: its path, device, inode, size and modification and change times, which
+# an upgrade, a rewrite in place or another podman first in PATH all change. Keeping it is best effort: a write that
+# fails leaves the next script to ask Podman again. Not an instance's file: nothing of an instance is written before
+# the facts are checked.
+read_podman_version() {
+  p=$(command -v podman 2>/dev/null || true)
+  id=
+  case "$p" in /*) id=$(stat -L -c '%n %d %i %s %y %z' "$p" 2>/dev/null || true) ;; esac
+  if [ -n "$id" ] && [ -f "$RUN_DIR/podman-version" ] &&
+    { read -r c_id && read -r c_version; } <"$RUN_DIR/podman-version" && [ "$c_id" = "$id" ]; then
+    podman_version=$c_version
+    return 0
+  fi
+  podman_version=$(podman --version 2>/dev/null || true)
+  podman_version=${podman_version##* }
+  if [ -n "$id" ] && [ -n "$podman_version" ]; then
+    (mkdir -p "$RUN_DIR" && c_tmp=$(mktemp "$RUN_DIR/.podman-version.XXXXXX") &&
+      printf '%s\n%s\n' "$id" "$podman_version" >"$c_tmp" && mv -f "$c_tmp" "$RUN_DIR/podman-version") \
+      2>/dev/null || true
+  fi
 }
