@@ -1,5 +1,6 @@
 /**
- * The host-side deployers compared in the bench (ours in process, Ansible, a naive one-connection-per-command one):
+ * The host-side deployers compared in the bench (ours in process, Ansible, a naive one-connection-per-command one, the
+ * bare host work):
  * one interface, one way to time them, and the plain file/directory/unit layout of an instance that the
  * non-provisioner deployers put in place by their own means.
  */

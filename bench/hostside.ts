@@ -34,7 +34,7 @@ export function hostSideDeployer(probe: HostProbe): Deployer {
         const out = await lab.apply(t, r, { kvmRequired: true, keepExited: true });
         if (!out.ready && !out.starting) throw new Error(`${t.host}/${r.name}: not ready: ${out.errors.join("; ")}`);
         // the apply does not wait for the starts it queued: up once a look at the units says so, as for the controller
-        if (!out.ready) await inspectUntilUp(() => lab.units(t), [r]);
+        if (!out.ready) await inspectUntilUp((o) => lab.units(t, o), [r]);
       }),
     teardown: (p) => everywhere(p, (lab, t, r) => lab.remove(t, r.name)),
   };

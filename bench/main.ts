@@ -1,5 +1,6 @@
 /**
- * `deno task bench [--quick]`: the provisioner against the alternative (Ansible) and a naive deployer, on real lab
+ * `deno task bench [--quick]`: the provisioner against the alternative (Ansible), a naive deployer and the bare host
+ * work (bare.ts, the floor), on real lab
  * hosts (own network qsplab8 / 10.84.0.0/24) and a private control plane, plus the controller's cost at three fleet
  * sizes and a linear scale model. Progress goes to stderr; results to bench/results/<quick|full>.{json,md}; the last
  * line on stdout is `ratio-vs-ansible deploy=<ours/theirs> teardown=<ours/theirs>`.
@@ -16,6 +17,7 @@ import { type Fleet, fleetLabel, instanceCount, labFacts, renderFleet, seedFor, 
 import { HostProbe } from "./hosts.ts";
 import { hostSideDeployer } from "./hostside.ts";
 import { naiveDeployer } from "./naive.ts";
+import { bareDeployer } from "./bare.ts";
 import { type ControllerRun, runController } from "./ours.ts";
 import {
   asDeployerResult,
@@ -105,14 +107,14 @@ async function bench(cleanup: (() => Promise<void>)[]): Promise<Results> {
     if (!compare) continue;
     const placement = renderFleet(await seedFor("bench", lab.slice(0, fleet.length), fleet), fleet, facts);
     const others = [];
-    for (const d of [hostSide, ansible, naiveDeployer]) {
+    for (const d of [hostSide, ansible, naiveDeployer, bareDeployer]) {
       const x = await measure(d, placement, probe);
       log(
         `${label}: ${x.deployer}: deploy ${x.deploy.seconds.toFixed(2)} s, teardown ${x.teardown.seconds.toFixed(2)} s`,
       );
       others.push(x);
     }
-    const [hostSideResult, ansibleResult, naiveResult] = others;
+    const [hostSideResult, ansibleResult, naiveResult, bareResult] = others;
     comparisons.push({
       fleet: label,
       instances: instanceCount(fleet),
@@ -120,6 +122,7 @@ async function bench(cleanup: (() => Promise<void>)[]): Promise<Results> {
       hostSide: hostSideResult,
       ansible: ansibleResult,
       naive: naiveResult,
+      bare: bareResult,
     });
   }
 
@@ -147,6 +150,9 @@ async function bench(cleanup: (() => Promise<void>)[]): Promise<Results> {
       vsNaive: ratio(last.ours, last.naive),
       hostSideVsAnsible: ratio(last.hostSide, last.ansible),
       hostSideVsNaive: ratio(last.hostSide, last.naive),
+      bareVsAnsible: ratio(last.bare, last.ansible),
+      vsBare: ratio(last.ours, last.bare),
+      hostSideVsBare: ratio(last.hostSide, last.bare),
     },
   };
 }

@@ -10,7 +10,8 @@ import { shQuote as q } from "../src/host/remote.ts";
 import { type Deployer, type Layout, layout, type SshCounts } from "./deployer.ts";
 import type { Placement } from "./fleet.ts";
 
-export function deployCommands(l: Layout): string[] {
+/** The instance's directories, files, links, shared volume and /disk, as plain commands, in order. */
+export function writeCommands(l: Layout): string[] {
   const b64 = (s: string) => Buffer.from(s, "utf8").toString("base64");
   return [
     `mkdir -p ${l.dirs.map((d) => q(d.path)).join(" ")} && ${
@@ -23,17 +24,27 @@ export function deployCommands(l: Layout): string[] {
     ...l.links.map((k) => `ln -f ${q(k.src)} ${q(k.dest)}`),
     `podman volume create --ignore ${l.volumeOptions.map(q).join(" ")} ${q(l.volume)}`,
     l.diskCommand,
+  ];
+}
+
+/** What teardown deletes once the units are stopped: the files, then the volumes. */
+export function deleteCommands(l: Layout): string[] {
+  return [`rm -rf ${l.remove.map(q).join(" ")}`, `podman volume rm -f ${q(l.volume)} ${q(l.diskVolume)}`];
+}
+
+function deployCommands(l: Layout): string[] {
+  return [
+    ...writeCommands(l),
     "systemctl daemon-reload",
     ...l.units.map((u) => `systemctl start ${q(u)}`),
     `systemctl is-active ${l.units.map(q).join(" ")}`,
   ];
 }
 
-export function teardownCommands(l: Layout): string[] {
+function teardownCommands(l: Layout): string[] {
   return [
     ...[...l.units].reverse().map((u) => `systemctl stop ${q(u)}`),
-    `rm -rf ${l.remove.map(q).join(" ")}`,
-    `podman volume rm -f ${q(l.volume)} ${q(l.diskVolume)}`,
+    ...deleteCommands(l),
     "systemctl daemon-reload",
   ];
 }

@@ -14,6 +14,8 @@ export interface Comparison {
   hostSide: DeployerResult;
   ansible: DeployerResult;
   naive: DeployerResult;
+  /** The host's own work alone (bare.ts): the floor. */
+  bare: DeployerResult;
 }
 
 export interface Results {
@@ -35,6 +37,10 @@ export interface Results {
     vsNaive: Ratio;
     hostSideVsAnsible: Ratio;
     hostSideVsNaive: Ratio;
+    /** How far below Ansible the host's own work is: no deployer's ratio to Ansible can be lower. */
+    bareVsAnsible: Ratio;
+    vsBare: Ratio;
+    hostSideVsBare: Ratio;
   };
 }
 
@@ -90,7 +96,7 @@ const row = (cells: (string | number)[]) => `| ${cells.join(" | ")} |`;
 
 export function markdown(r: Results): string {
   const lines = [
-    `# Benchmark (${r.mode}): qemu-ssh-provisioner vs Ansible vs naive`,
+    `# Benchmark (${r.mode}): qemu-ssh-provisioner vs Ansible vs naive vs the bare host work`,
     "",
     `${r.startedAt}, commit ${r.machine.commit.slice(0, 12)}, ${r.machine.cpus} CPUs shared with other work (load ` +
     `average ${r.machine.loadavg.start} at start, ${r.machine.loadavg.end} at the end), ${r.machine.deno}, ` +
@@ -102,7 +108,7 @@ export function markdown(r: Results): string {
     row(["---", "---", "---:", "---:", "---:", "---:"]),
   ];
   for (const c of r.comparisons) {
-    for (const d of [c.ours, c.hostSide, c.ansible, c.naive]) {
+    for (const d of [c.ours, c.hostSide, c.ansible, c.naive, c.bare]) {
       lines.push(row([
         c.fleet,
         d.deployer,
@@ -119,7 +125,11 @@ export function markdown(r: Results): string {
     `Ratios at the largest fleet (target <= 0.25): controller/ansible ${rt(r.ratios.vsAnsible)} (against ansible ` +
       `without its ${f(r.ansibleNoopSeconds)} s no-op start-up: ${rt(r.ratios.vsAnsibleWithoutStartup)}); ` +
       `LabHosts/ansible ${rt(r.ratios.hostSideVsAnsible)}; controller/naive ${rt(r.ratios.vsNaive)}; ` +
-      `LabHosts/naive ${rt(r.ratios.hostSideVsNaive)}. SSH connections: as counted by the hosts' sshd.`,
+      `LabHosts/naive ${rt(r.ratios.hostSideVsNaive)}. The host's own work (bare) against Ansible, the lowest ratio ` +
+      `any deployer could reach: ${rt(r.ratios.bareVsAnsible)}; controller/bare ${
+        rt(r.ratios.vsBare)
+      }, LabHosts/bare ` +
+      `${rt(r.ratios.hostSideVsBare)}. SSH connections: as counted by the hosts' sshd.`,
     "",
     "## The controller per fleet size",
     "",

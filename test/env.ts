@@ -12,6 +12,8 @@ import type { HostInspection, HostUnits } from "../src/host/remote.ts";
 import type { RenderedInstance } from "../src/host/render.ts";
 import { drift, starting, unitsLook } from "../src/host/drift.ts";
 import { startingCheckMs } from "../src/provision/deploy.ts";
+import { STARTING_WAIT_MS } from "../src/provision/host_checks.ts";
+import type { UnitsOptions } from "../src/host/lab.ts";
 
 export interface TestEnv {
   kubeconfig: string;
@@ -116,17 +118,18 @@ export async function waitFor<T>(
 /**
  * Waits until a look at the host finds each instance up, at the controller's pace after an apply that left its units
  * on their way up (deploy.ts startingCheckMs: soon, then less often): a units-only look, as the controller's close
- * checks, or a whole inspection, which also wants the files as rendered. Returns how many looks it took.
+ * checks, given the same wait on the host (host_checks.ts STARTING_WAIT_MS), or a whole inspection, which also wants
+ * the files as rendered. Returns how many looks it took.
  */
 export async function inspectUntilUp(
-  look: () => Promise<HostInspection | HostUnits>,
+  look: (opts: UnitsOptions) => Promise<HostInspection | HostUnits>,
   rendered: RenderedInstance[],
   timeoutMs = 120_000,
 ): Promise<number> {
   const deadline = Date.now() + timeoutMs;
   for (let looks = 0;; looks++) {
     await new Promise((r) => setTimeout(r, startingCheckMs(looks)));
-    const seen = await look();
+    const seen = await look({ waitMs: STARTING_WAIT_MS });
     const off = rendered.flatMap((r) => {
       if ("units" in seen) {
         const u = unitsLook(r, seen.units);

@@ -55,7 +55,7 @@ Deno.test({
       assert.equal(s.connectionsOpened - before.connectionsOpened, 1, "one connection for the host");
       assert.equal(s.commands - before.commands, 2, "one round trip per apply");
       // what the controller does next: one look at the host's units, for both, soon and then less often, until up
-      const looks = await inspectUntilUp(() => lab.units(t), [a, b]);
+      const looks = await inspectUntilUp((o) => lab.units(t, o), [a, b]);
       console.log(
         `2-instance deploy: applies done in ${Math.round(applied)} ms (2 round trips), both up after ` +
           `${Math.round(performance.now() - t0)} ms (${looks} looks at the units)`,

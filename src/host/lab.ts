@@ -63,8 +63,15 @@ export interface HostOps {
   /** With a uid, files that name another exporter are refused (owner-conflict), not removed. */
   remove(target: SshTarget, name: string, uid?: string): Promise<void>;
   inspect(target: SshTarget): Promise<HostInspection>;
-  /** Only the units of the host's instances and their queued jobs: a few processes on the host, not a hundred. */
-  units(target: SshTarget): Promise<HostUnits>;
+  /**
+   * Only the units of the host's instances and their queued jobs: a few processes on the host, not a hundred. With
+   * `waitMs`, as soon as no start of theirs is under way, or once that long has passed.
+   */
+  units(target: SshTarget, opts?: UnitsOptions): Promise<HostUnits>;
+}
+
+export interface UnitsOptions {
+  waitMs?: number;
 }
 
 export class HostScriptError extends Error {
@@ -152,8 +159,8 @@ export class LabHosts implements HostOps {
     return failUnlessOk(target, parseInspectOutput(res.stdout, res.stderr, res.code));
   }
 
-  async units(target: SshTarget): Promise<HostUnits> {
-    const res = await this.run(target, unitsScript());
+  async units(target: SshTarget, opts: UnitsOptions = {}): Promise<HostUnits> {
+    const res = await this.run(target, unitsScript(opts.waitMs));
     return failUnlessOk(target, parseUnitsOutput(res.stdout, res.stderr, res.code));
   }
 }

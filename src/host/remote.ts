@@ -232,12 +232,15 @@ export function removeScript(name: string, opts: RemoveOptions = {}): string {
  * config without quadlets, a container or volume without files.
  */
 export function inspectScript(): string {
-  return script("inspect", { SCOPE: "all" }, INSPECT_SH);
+  return script("inspect", { SCOPE: "all", WAIT_TICKS: 0 }, INSPECT_SH);
 }
 
-/** The same script asked only for the units of every instance and the jobs systemd has queued for them. */
-export function unitsScript(): string {
-  return script("units", { SCOPE: "units" }, INSPECT_SH);
+/**
+ * The same script asked only for the units of every instance and the jobs systemd has queued for them, once no start
+ * of theirs is under way or `waitMs` (rounded up to a tenth of a second) has passed.
+ */
+export function unitsScript(waitMs = 0): string {
+  return script("units", { SCOPE: "units", WAIT_TICKS: Math.ceil(waitMs / 100) }, INSPECT_SH);
 }
 
 // ---------------------------------------------------------------- parsing

@@ -365,6 +365,42 @@ Deno.test("unitsScript: the same inspect.sh asked for the units only, valid sh",
   assert.ok(s.startsWith("# units\n") && s.includes("SCOPE='units'") && s.endsWith(LIB_SH + INSPECT_SH));
 });
 
+Deno.test("unitsScript, under dash and bash: the look waits while a start or restart is queued, at most its ticks", async () => {
+  for (const shell of SHELLS) {
+    const dir = await Deno.makeTempDir();
+    try {
+      // a FAKE systemctl (a shell function, ahead of PATH): list-jobs shows the exporter's job for its first `queued`
+      // calls, each counted; sleep is counted, not slept
+      const fake = (job: string, queued: number) =>
+        `systemctl() {
+  case "$1" in
+  list-jobs)
+    n=$(cat ${dir}/jobs 2>/dev/null || echo 0); echo $((n + 1)) >${dir}/jobs
+    if [ "$n" -lt ${queued} ]; then echo "7 a-exporter.service ${job} waiting"; fi ;;
+  list-units) echo "a-exporter.service loaded inactive dead Jumpstarter exporter" ;;
+  esac
+}
+sleep() { echo x >>${dir}/sleeps; }
+`;
+      const look = async (waitMs: number, job: string, queued: number) => {
+        await Deno.remove(`${dir}/jobs`).catch(() => {});
+        await Deno.remove(`${dir}/sleeps`).catch(() => {});
+        const out = await runShell(shell, fake(job, queued) + unitsScript(waitMs));
+        assert.equal(out.code, 0, `${shell}: ${out.stderr}`);
+        const sleeps = (await Deno.readTextFile(`${dir}/sleeps`).catch(() => "")).split("\n").length - 1;
+        return { sleeps, job: parseUnitsOutput(out.stdout, out.stderr, out.code).units["a-exporter.service"]?.job };
+      };
+      assert.deepEqual(await look(1_000, "start", 3), { sleeps: 3, job: undefined }, `${shell}: until the start ended`);
+      assert.deepEqual(await look(1_000, "restart", 99), { sleeps: 10, job: "restart" }, `${shell}: a second at most`);
+      assert.deepEqual(await look(1_000, "stop", 99), { sleeps: 0, job: "stop" }, `${shell}: a stop is not waited for`);
+      assert.deepEqual(await look(0, "start", 99), { sleeps: 0, job: "start" }, `${shell}: no wait asked`);
+      assert.deepEqual(await look(150, "start", 99), { sleeps: 2, job: "start" }, `${shell}: tenths rounded up`);
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  }
+});
+
 Deno.test("parseUnitsOutput: each unit with its queued job; a units look that did not finish is an error", () => {
   const out = `qsp unit a-runtime.service loaded active running
 qsp unit a-exporter.service loaded inactive dead

@@ -76,6 +76,12 @@ export async function driftSince(
 }
 
 /**
+ * How long a units-only look waits on the host for starts under way to end (lab.ts units): about as long as a start
+ * takes on a lab host, so that units are seen up within a tenth of a second of coming up, by one look or two.
+ */
+export const STARTING_WAIT_MS = 1_000;
+
+/**
  * The same question for units alone, by a units-only inspection begun after `since` (or a whole one, when one began
  * since): units down count as drift, files are left to the resync's look.
  */
@@ -86,7 +92,13 @@ export async function unitsSince(
   since: number,
 ): Promise<Checked> {
   if ((ctx.inspections.get(lookKey(target))?.at ?? -Infinity) > since) return driftSince(ctx, target, r, since);
-  const look = lookSince(ctx, ctx.unitLooks, target, since, () => ctx.hosts.units(target));
+  const look = lookSince(
+    ctx,
+    ctx.unitLooks,
+    target,
+    since,
+    () => ctx.hosts.units(target, { waitMs: STARTING_WAIT_MS }),
+  );
   return { at: look.at, ...unitsLook(r, (await look.result).units) };
 }
 

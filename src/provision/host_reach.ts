@@ -35,6 +35,6 @@ export function recordingReach(ops: HostOps, reach: Map<string, Reach>, now: () 
     apply: (t, r, opts) => track(t, () => ops.apply(t, r, opts)),
     remove: (t, name, uid) => track(t, () => ops.remove(t, name, uid)),
     inspect: (t) => track(t, () => ops.inspect(t)),
-    units: (t) => track(t, () => ops.units(t)),
+    units: (t, opts) => track(t, () => ops.units(t, opts)),
   };
 }

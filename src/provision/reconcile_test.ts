@@ -296,8 +296,8 @@ Deno.test("reconcile: Jumpstarter's Online since the start is evidence of ready;
   w.hosts.startLooks.set(HOST, 1_000);
   const [a, b] = await w.deployed();
   const start = w.clock.toISOString();
-  // before the first look at units on their way up (250 ms after the apply): only Jumpstarter's word can tell
-  w.advance(200);
+  // before the first look at units on their way up (50 ms after the apply): only Jumpstarter's word can tell
+  w.advance(30);
   w.patchExporterStatus(a.metadata.name!, {
     conditions: [{ type: "Online", status: "True", reason: "Online", message: "", lastTransitionTime: start }],
   });
