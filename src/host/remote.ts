@@ -232,7 +232,7 @@ export function removeScript(name: string, opts: RemoveOptions = {}): string {
  * config without quadlets, a container or volume without files.
  */
 export function inspectScript(): string {
-  return script("inspect", { SCOPE: "all", WAIT_TICKS: 0 }, INSPECT_SH);
+  return script("inspect", { SCOPE: "all" }, INSPECT_SH);
 }
 
 /**

@@ -12,8 +12,8 @@ units() {
   systemctl list-jobs --no-legend --no-pager '*-runtime.service' '*-exporter.service' 2>/dev/null |
     while read -r _id u type _state; do say job "$u" "$type"; done
 }
-# a start or restart job of a unit of ours queued or running: systemd keeps a start job until its unit is active
-# (with Type=notify, until conmon reports the container up) or has failed; a unit waiting to restart has none
+# a start or restart job queued or running for a unit named like ours: systemd keeps a start job until its unit is
+# active (with Type=notify, until conmon reports the container up) or has failed; a unit waiting to restart has none
 starts_queued() {
   systemctl list-jobs --no-legend --no-pager '*-runtime.service' '*-exporter.service' 2>/dev/null | {
     while read -r _id _u type _state; do
