@@ -214,7 +214,11 @@ Deno.test({
       for (const c of s.status!.conditions!) assert.equal(c.observedGeneration, s.metadata.generation, c.type);
       const since = transitions(s);
 
-      // Events that change nothing for this set: no command to the host, no status write.
+      // Events that change nothing for this set: no command to the host, no status write. The exporter is young and
+      // never reported Online here, so its host is looked at every 5 s (deploy.ts FAST_CHECK_MS) whatever happens:
+      // the events go right after one of those looks, not into the next.
+      const looked = w.pool.stats().commands;
+      await waitFor(() => w.pool.stats().commands > looked, { what: "the next close look at the host" });
       const commands = w.pool.stats().commands;
       await w.client.mergePatch(EXPORTER_SETS, w.ns, SET, { metadata: { annotations: { touched: "1" } } });
       const quiet = await getSet(w);
