@@ -126,10 +126,8 @@ export function markdown(r: Results): string {
       `without its ${f(r.ansibleNoopSeconds)} s no-op start-up: ${rt(r.ratios.vsAnsibleWithoutStartup)}); ` +
       `LabHosts/ansible ${rt(r.ratios.hostSideVsAnsible)}; controller/naive ${rt(r.ratios.vsNaive)}; ` +
       `LabHosts/naive ${rt(r.ratios.hostSideVsNaive)}. The host's own work (bare) against Ansible, the lowest ratio ` +
-      `any deployer could reach: ${rt(r.ratios.bareVsAnsible)}; controller/bare ${
-        rt(r.ratios.vsBare)
-      }, LabHosts/bare ` +
-      `${rt(r.ratios.hostSideVsBare)}. SSH connections: as counted by the hosts' sshd.`,
+      `any deployer could reach: ${rt(r.ratios.bareVsAnsible)}; controller/bare ${rt(r.ratios.vsBare)}; ` +
+      `LabHosts/bare ${rt(r.ratios.hostSideVsBare)}. SSH connections: as counted by the hosts' sshd.`,
     "",
     "## The controller per fleet size",
     "",

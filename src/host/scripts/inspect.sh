@@ -9,13 +9,14 @@ units() {
   systemctl list-units --all --plain --no-legend --no-pager '*-runtime.service' '*-exporter.service' 2>/dev/null |
     while read -r u load active sub _description; do say unit "$u" "$load" "$active" "$sub"; done
   # a unit whose start job waits (on the runtime's, or behind a pull) still reads inactive: it is starting, not down
-  systemctl list-jobs --no-legend --no-pager '*-runtime.service' '*-exporter.service' 2>/dev/null |
-    while read -r _id u type _state; do say job "$u" "$type"; done
+  jobs_of_ours | while read -r _id u type _state; do say job "$u" "$type"; done
 }
-# a start or restart job queued or running for a unit named like ours: systemd keeps a start job until its unit is
-# active (with Type=notify, until conmon reports the container up) or has failed; a unit waiting to restart has none
+# the jobs systemd has queued or running for units named like ours, a line each: ID UNIT TYPE STATE
+jobs_of_ours() { systemctl list-jobs --no-legend --no-pager '*-runtime.service' '*-exporter.service' 2>/dev/null; }
+# a start or restart job among them: systemd keeps a start job until its unit is active (with Type=notify, until
+# conmon reports the container up) or has failed; a unit waiting to restart has none
 starts_queued() {
-  systemctl list-jobs --no-legend --no-pager '*-runtime.service' '*-exporter.service' 2>/dev/null | {
+  jobs_of_ours | {
     while read -r _id _u type _state; do
       case "$type" in start | restart) return 0 ;; esac
     done
