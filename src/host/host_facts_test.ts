@@ -1,6 +1,14 @@
 import assert from "node:assert/strict";
 import { LIB_SH } from "./script_text.ts";
-import { factsKey, factsWire, type HostFacts, kvmAccess, parseFacts, UNKNOWN_FACTS } from "./host_facts.ts";
+import {
+  factsKey,
+  factsWire,
+  type HostFacts,
+  kvmAccess,
+  likelyFacts,
+  parseFacts,
+  UNKNOWN_FACTS,
+} from "./host_facts.ts";
 
 Deno.test("host facts: the wire form round-trips, and what is not one is refused", () => {
   const cases: [HostFacts, string][] = [
@@ -102,4 +110,13 @@ Deno.test("host facts: podman's version is asked once per binary, again once it 
       await Deno.remove(dir, { recursive: true });
     }
   }
+});
+
+Deno.test("host facts: a first contact's guess is the facts most hosts met have, the first met of a tie", () => {
+  const debian = { podman: "5.4.2", kvm: { mode: 0o660, gid: 993 } };
+  const fedora = { podman: "5.6.1", kvm: { mode: 0o666, gid: 36 } };
+  assert.equal(likelyFacts([]), undefined);
+  assert.deepEqual(likelyFacts([fedora, debian, { ...debian }]), debian);
+  assert.deepEqual(likelyFacts([fedora, debian]), fedora);
+  assert.deepEqual(likelyFacts(new Map([["a:22", debian], ["b:22", fedora], ["c:22", fedora]]).values()), fedora);
 });

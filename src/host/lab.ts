@@ -173,8 +173,8 @@ function upOrQueued(unit: string, report: ApplyReport): boolean {
 }
 
 /**
- * Applies an instance rendered for its host's facts: first for `known`, the facts last seen there (undefined on first
- * contact). When the host's apply script finds other facts it refuses before writing anything, and the instance is
+ * Applies an instance rendered for its host's facts: first for `known`, the facts last seen there (on first contact,
+ * a guess or undefined). When the host's apply script finds other facts it refuses before writing anything, and the instance is
  * rendered for the facts it reported and applied again at once: one round trip while nothing changes, two when
  * something did. `onFacts` hears the facts each round trip reports as soon as it ends (on first contact, others on
  * the host wait for them: first_contact.ts). Returns what was applied last and what the host said.

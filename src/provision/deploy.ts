@@ -7,7 +7,7 @@ import { createHash } from "node:crypto";
 import type { Exporter, ExporterSet, VirtualTargetClass } from "../api/types.ts";
 import { instanceOf, type RenderedInstance, renderInstance } from "../host/render.ts";
 import { applyForFacts, type ApplyOutcome } from "../host/lab.ts";
-import { factsKey } from "../host/host_facts.ts";
+import { factsKey, likelyFacts } from "../host/host_facts.ts";
 import type { InstanceParams } from "../host/instance_params.ts";
 import { decodeSecretValue, type LabTarget } from "./credentials.ts";
 import { type AppliedState, type Context, type ExporterFailures, withJoiners } from "./context.ts";
@@ -242,13 +242,14 @@ async function deploy(
   const deferRestart = holder !== undefined || (due && turn.rolling);
   if (due && !deferRestart) turn.rolling = true;
   const opts = { kvmRequired: params.runtime.kvm, keepExited: holdExited, deferRestart };
-  // on a host not met yet, the first apply goes alone and the others render for the facts it learns: one apply each
+  // on a host not met yet, the first apply goes alone, rendered for the facts most hosts have, and the others render
+  // for the facts it learns: one apply each where the host is like the others, and one more for the first where not
   const applied = await withHostFacts(
     ctx.firstContacts,
     facts,
     () => ctx.hostFacts.get(facts),
     (known, learned) =>
-      applyForFacts(ctx.hosts, target, render, known, opts, (f) => {
+      applyForFacts(ctx.hosts, target, render, known ?? likelyFacts(ctx.hostFacts.values()), opts, (f) => {
         ctx.hostFacts.set(facts, f);
         learned();
       }),

@@ -1,8 +1,9 @@
 /**
- * First contact with a lab host whose facts are not known yet (host_facts.ts). Files rendered without facts are always
- * refused (`facts-changed`), so an instance applied then takes two round trips: at 100 hosts x 8 instances that was
- * 1600 applies for 800 instances. The first deploy on such a host goes alone; every other one met meanwhile on that host
- * waits, a bounded time, for the facts that first round trip learns, and renders for them: one apply each.
+ * First contact with a lab host whose facts are not known yet (host_facts.ts). Files rendered for other facts than the
+ * host's are refused (`facts-changed`), so an instance applied then may take two round trips: at 100 hosts x 8
+ * instances that was 1600 applies for 800 instances. The first deploy on such a host goes alone; every other one met
+ * meanwhile on that host waits, a bounded time, for the facts that first round trip learns, and renders for them: one
+ * apply each.
  */
 
 /** How long the others wait for the first one's facts: an SSH connect and one short refused script, with room. */

@@ -1376,6 +1376,28 @@ Deno.test("reconcile, pool: new Exporters go to the host with the most free slot
   assert.equal(s.hostSummary, "pa 2/2, pb 1/2, pc 3/4");
 });
 
+Deno.test("reconcile, pool: a host's first contact renders for the facts the hosts met have; one unlike them, twice", async () => {
+  const w = poolWorld();
+  const debian = { podman: "5.4.2", kvm: { mode: 0o660, gid: 993 } };
+  w.hosts.facts.set("pa", debian);
+  w.hosts.facts.set("pb", debian);
+  w.hosts.facts.set("pc", { podman: "5.4.2", kvm: { mode: 0o666, gid: 0 } });
+  await w.reconcile();
+  const hostOf = (e: Exporter) => /@(.+):/.exec(e.metadata.annotations![TARGET_ANNOTATION])![1];
+  const applies = (host: string) =>
+    w.exporters().filter((e) => hostOf(e) === host).map((e) =>
+      w.hosts.calls.filter((c) => c === `apply ${host} ${e.metadata.name}`).length
+    ).sort();
+  for (const e of w.exporters().filter((x) => hostOf(x) === "pa")) w.issueCredentials(e);
+  await w.reconcile();
+  assert.deepEqual(applies("pa"), [1, 2], "the first host met: refused once, for no facts");
+  for (const e of w.exporters().filter((x) => hostOf(x) !== "pa")) w.issueCredentials(e);
+  await w.reconcile();
+  assert.deepEqual(applies("pb"), [1], "like pa: one apply");
+  assert.deepEqual(applies("pc"), [1, 1, 2], "unlike: its first apply refused, the others wait for its facts");
+  for (const e of w.exporters()) assert.equal(w.hosts.instance(hostOf(e), e.metadata.name!)?.exporter, "active");
+});
+
 Deno.test("reconcile, pool: slots full is ScalingLimited naming the hosts", async () => {
   const w = poolWorld({ minAvailableReplicas: 10, maxReplicas: 12 });
   await w.reconcile();
