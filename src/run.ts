@@ -93,6 +93,12 @@ export async function runController(o: RunOptions): Promise<number> {
     () => [[{}, client.retries]],
     "counter",
   );
+  metrics.gauge(
+    "rest_client_rate_limiter_wait_seconds_total",
+    "Seconds requests waited for the --kube-api-qps token bucket, summed over requests.",
+    () => [[{}, client.rateLimitedSeconds]],
+    "counter",
+  );
   // what of the RSS is this isolate's V8 heap (bounded by the launcher's --max-old-space-size) and what is outside it
   metrics.gauge(
     "deno_memory_bytes",

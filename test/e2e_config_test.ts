@@ -116,7 +116,7 @@ Deno.test({
       const [e] = await exporters(w);
       const name = e.metadata.name!;
       assert.equal(await hostHas(w.host, name), false, "nothing deployed");
-      assert.equal(e.metadata.annotations?.["qemu-ssh.jumpstarter.dev/host"], undefined, "not marked as deployed");
+      assert.equal(e.metadata.annotations?.["qemu-ssh.jumpstarter.dev/host"], SEED_HOST, "marked with where it goes");
       await w.controller.recorder.flush();
       assert.ok(
         (await events(w)).some((ev) => ev.type === "Warning" && ev.reason === "HostKeyRejected"),

@@ -113,10 +113,7 @@ Deno.test({
     const w = await world();
     try {
       await applySeed(w, (s) => s.spec.scaleDownCooldown = "2s");
-      const [first] = await waitFor(async () => {
-        const es = await exporters(w);
-        return es.length === 1 && es[0].metadata.annotations?.[HOST_ANNOTATION] ? es : undefined;
-      }, { what: "first exporter deployed", timeoutMs: 90_000 });
+      const [first] = await waitReady(w, 1);
       // Jumpstarter marks a leased exporter in its status.
       await w.client.mergePatch(
         EXPORTERS,
@@ -150,10 +147,7 @@ Deno.test({
     const w = await world();
     try {
       await applySeed(w);
-      const [first] = await waitFor(async () => {
-        const es = await exporters(w);
-        return es.length === 1 && es[0].metadata.annotations?.[HOST_ANNOTATION] ? es : undefined;
-      }, { what: "first exporter deployed", timeoutMs: 90_000 });
+      const [first] = await waitReady(w, 1);
       // What `kubectl scale exportersets/aarch64-ssh-pool --replicas=1` sends.
       const path = `/apis/virtualtarget.jumpstarter.dev/v1alpha1/namespaces/${w.ns}/exportersets/${SET}/scale`;
       const scale = await w.client.request<

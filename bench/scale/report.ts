@@ -165,6 +165,15 @@ export function markdown(r: ScaleResults): string {
         `delete ${kinds(s.teardown.sshCommandsByKind)}.`,
     );
   }
+  for (const s of r.sizes) {
+    L.push(
+      "",
+      `Waits for the controller's API token bucket at ${s.hosts} x ${s.perHost}, summed over requests ` +
+        `(rest_client_rate_limiter_wait_seconds_total): converge ${f(s.converge.apiRateLimitedSeconds)} s over ` +
+        `${s.converge.apiRequests} requests, delete ${f(s.teardown.apiRateLimitedSeconds)} s over ` +
+        `${s.teardown.apiRequests}.`,
+    );
+  }
   const groups = (g: Record<string, number> | undefined) =>
     Object.entries(g ?? {}).map(([k, v]) => `${k} ${f(v)}`).join(", ") || "-";
   for (const s of r.sizes) {

@@ -29,6 +29,8 @@ export interface Phase {
   apiRequests: number;
   /** The same by "METHOD resource", e.g. "PATCH exportersets/status". */
   apiRequestsByCall: Record<string, number>;
+  /** Seconds the controller's requests waited for its token bucket, summed (rest_client_rate_limiter_wait_seconds_total). */
+  apiRateLimitedSeconds: number;
   /** At the API server (apiserver_request_total, resources, without coordination) minus the bench's and fake's. */
   apiRequestsServerSide: number;
   /** Commands the hosts ran (session-recorder), and the controller's qemu_ssh_command_seconds_count. */
@@ -86,6 +88,7 @@ interface Snap {
   memory: Record<string, number>;
   api: number;
   apiByCall: Record<string, number>;
+  apiWait: number;
   served: number;
   own: number;
   sshCmds: number;
@@ -231,6 +234,7 @@ export async function runSize(o: RunOptions): Promise<SizeResult> {
           x.value,
         ]),
       ),
+      apiWait: total(m, "rest_client_rate_limiter_wait_seconds_total"),
       served,
       own: cluster.ownRequests(),
       sshCmds: total(m, "qemu_ssh_command_seconds_count"),
@@ -263,6 +267,7 @@ export async function runSize(o: RunOptions): Promise<SizeResult> {
       apiRequestsByCall: Object.fromEntries(
         Object.entries(b.apiByCall).map(([k, v]) => [k, v - (a.apiByCall[k] ?? 0)] as const).filter(([, v]) => v > 0),
       ),
+      apiRateLimitedSeconds: b.apiWait - a.apiWait,
       apiRequestsServerSide: (b.served - a.served) - (b.own - a.own),
       sshCommands: per.reduce((x, s) => x + s.length, 0),
       sshCommandsMetric: b.sshCmds - a.sshCmds,

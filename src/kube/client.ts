@@ -130,6 +130,8 @@ export class KubeClient implements KubeApi {
   readonly requestsByCall = new Map<string, number>();
   /** Attempts sent again after a 429, a 5xx or a lost connection (see flowcontrol.ts), for the metrics. */
   retries = 0;
+  /** Seconds requests waited in the token bucket, summed: how much the QPS setting held the controller back. */
+  rateLimitedSeconds = 0;
   /** Once aborted, failed attempts are no longer retried (a fenced ex-leader's writes must not go out late). */
   private retryFence?: AbortSignal;
 
@@ -195,7 +197,7 @@ export class KubeClient implements KubeApi {
 
   /** Waits for the rate limit's token; an abort of `signal` ends the wait (and gives the token back). */
   private async turn(signal?: AbortSignal): Promise<void> {
-    await this.limiter.take(signal);
+    this.rateLimitedSeconds += await this.limiter.take(signal) / 1000;
     signal?.throwIfAborted();
   }
 

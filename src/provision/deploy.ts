@@ -14,7 +14,7 @@ import { type AppliedState, type Context, type ExporterFailures, withJoiners } f
 import { driftSince, unitsSince } from "./host_checks.ts";
 import { withHostFacts } from "./first_contact.ts";
 import { leaseHolding, leaseState, onlineReport } from "./leases.ts";
-import { HOST_ANNOTATION, RECLAIM_ANNOTATION, wasDeployed } from "./marks.ts";
+import { wasDeployed } from "./marks.ts";
 import { applyFailureReason, applyFailureText, errorText } from "./problems.ts";
 import type { Problem, Waits } from "./status.ts";
 import { withDefaults } from "./plan.ts";
@@ -99,7 +99,7 @@ export async function deployAll(
       problems.push(p);
       ctx.recorder.event(e, "Warning", p.reason, p.message);
       ctx.log.warn("deploy failed", { exporterSet: set.metadata.name, exporter: e.metadata.name, error: p.message });
-      if (wasDeployed(e)) unseen.push(e.metadata.name!);
+      if (wasDeployed(e, ctx.applied.has(e.metadata.uid!))) unseen.push(e.metadata.name!);
       return ctx.applied.get(e.metadata.uid!);
     }
   };
@@ -176,12 +176,10 @@ async function deploy(
     ctx.recorder.event(e, "Normal", "Moved", `removed from ${from.host}, the set's host is now ${target.host}`);
   }
   // The target is recorded before anything reaches the host, so that teardown finds a half-done deploy (for a new
-  // Exporter, by its create: writes.ts); the host annotation (what people read) only once the instance is really there.
+  // Exporter, by its create: writes.ts).
   const recorded = targetAnnotations(where, cls);
   const have = e.metadata.annotations ?? {};
-  if (Object.entries(recorded).some(([k, v]) => have[k] !== v)) {
-    await annotate(ctx, e, { ...recorded, ...previous !== where ? { [HOST_ANNOTATION]: null } : {} });
-  }
+  if (Object.entries(recorded).some(([k, v]) => (have[k] ?? null) !== v)) await annotate(ctx, e, recorded);
 
   const token = decodeSecretValue(ctx.caches.secrets.get(ns, e.status!.credential!.name), "token");
   if (!token) throw new Error(`Secret ${ns}/${e.status!.credential!.name} has no token yet`);
@@ -277,14 +275,6 @@ async function deploy(
     // a `jmp run` begun now (first start, a restart, a reload) may yet give up on its controller and exit
     startedAt: !last || report.startedExporter || report.changed.length ? now : last.startedAt,
   };
-  const reclaim = instance.retain ? "Retain" : undefined;
-  const annotations = e.metadata.annotations ?? {};
-  if (
-    annotations[HOST_ANNOTATION] !== target.host || previous !== where || annotations[RECLAIM_ANNOTATION] !== reclaim
-  ) {
-    await annotate(ctx, e, { [HOST_ANNOTATION]: target.host, [RECLAIM_ANNOTATION]: reclaim ?? null });
-  }
-  // remembered only once annotated: an apply whose annotation failed is done again, as the resync checks would not
   ctx.applied.set(e.metadata.uid!, state);
   return state;
 }

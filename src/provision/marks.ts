@@ -3,6 +3,7 @@ import type { Exporter, ExporterSet } from "../api/types.ts";
 import { PROVISIONER } from "../api/types.ts";
 
 export const FINALIZER = "qemu-ssh.jumpstarter.dev/teardown";
+/** The host of the target annotation, for people to read: written with it (targets.ts targetAnnotations). */
 export const HOST_ANNOTATION = "qemu-ssh.jumpstarter.dev/host";
 export const SET_LABEL = "qemu-ssh.jumpstarter.dev/exporter-set";
 /** Set to "Retain" when the class's reclaimPolicy is Retain: the instance outlives the deletion of its set. */
@@ -31,10 +32,11 @@ export const routedSetName = (e: Exporter): string | undefined =>
   setOwner(e) ? setOwner(e)!.name : isOurs(e) ? e.metadata.labels![SET_LABEL] : undefined;
 
 /**
- * Whether the instance was ever up on its host: the host annotation is written only then (the target annotation
- * before the first attempt). Only such an instance can be "unseen"; one never deployed is simply not ready.
+ * Whether the instance was ever up on its host, as far as is known: this process applied it (`applied`), or, after a
+ * restart, Jumpstarter heard from its exporter, which runs only there (`status.lastSeen`). Only such an instance can
+ * be "unseen"; one never deployed is simply not ready.
  */
-export const wasDeployed = (e: Exporter): boolean => !!e.metadata.annotations?.[HOST_ANNOTATION];
+export const wasDeployed = (e: Exporter, applied: boolean): boolean => applied || !!e.status?.lastSeen;
 
 /** Keys of ours (`qemu-ssh.jumpstarter.dev/...`): what they say about an Exporter only this controller may write. */
 const isOurKey = (k: string) => k.startsWith(`${PROVISIONER}/`);

@@ -14,7 +14,7 @@ import { controllerIdentity } from "../host/render.ts";
 import { silentLogger } from "../observe/log.ts";
 import { Metrics } from "../observe/metrics.ts";
 import { type Caches, cachesFrom, type Context, newContext } from "./context.ts";
-import { FINALIZER, HOST_ANNOTATION, routedSetName, SET_LABEL } from "./marks.ts";
+import { FINALIZER, HOST_ANNOTATION, RECLAIM_ANNOTATION, routedSetName, SET_LABEL } from "./marks.ts";
 import { reconcile } from "./reconciler.ts";
 import { sweep } from "./sweep.ts";
 import { CREDENTIALS_ANNOTATION, TARGET_ANNOTATION } from "./targets.ts";
@@ -184,6 +184,48 @@ Deno.test("reconcile: an instance is deployed only once its Exporter has credent
   const deployed = w.events.filter((e) => e.reason === "Deployed");
   assert.deepEqual(deployed.map((e) => e.object), [SET], "one event for the set, naming its instances");
   assert.match(deployed[0].message, new RegExp(`deployed ${a.metadata.name} to ${HOST}`));
+});
+
+Deno.test("reconcile: an Exporter is created with where it goes and its reclaim policy; its apply writes nothing", async () => {
+  const w = new World();
+  const cls = w.ctx.caches.classes.get(NS, "qemu")!;
+  w.kube.put(VIRTUAL_TARGET_CLASSES, { ...cls, spec: { ...cls.spec, reclaimPolicy: "Retain" } });
+  await w.reconcile();
+  for (const e of w.exporters()) {
+    const a = e.metadata.annotations!;
+    assert.deepEqual([a[TARGET_ANNOTATION], a[HOST_ANNOTATION], a[RECLAIM_ANNOTATION]], [
+      `root@${HOST}:22`,
+      HOST,
+      "Retain",
+    ]);
+    w.issueCredentials(e);
+  }
+  const before = w.kube.writes.length;
+  await w.reconcile();
+  assert.equal(w.exporters().filter((e) => w.hosts.instance(HOST, e.metadata.name!)?.exporter === "active").length, 2);
+  assert.deepEqual(
+    w.kube.writes.slice(before).filter((x) => x.startsWith("patch exporters ")),
+    [],
+    "no Exporter patch",
+  );
+
+  // the class goes back to Delete: recorded before the next apply, in one patch per Exporter
+  w.kube.put(VIRTUAL_TARGET_CLASSES, { ...cls, spec: { ...cls.spec, reclaimPolicy: "Delete" } });
+  await w.reconcile();
+  for (const e of w.exporters()) assert.equal(e.metadata.annotations![RECLAIM_ANNOTATION], undefined);
+});
+
+Deno.test("reconcile: after a restart, an instance Jumpstarter has seen counts as unseen while its host is down", async () => {
+  const w = new World();
+  const [a, b] = await w.deployed();
+  w.patchExporterStatus(a.metadata.name!, { lastSeen: "2026-12-04T10:00:00Z" });
+  w.ctx.applied.clear(); // a restart: what this process applied is forgotten
+  w.hosts.down.add(HOST);
+  await w.reconcile();
+  const available = condition(w.set, "Available")!;
+  assert.equal(available.reason, "InstancesUnseen");
+  assert.match(available.message!, new RegExp(`cannot look at ${a.metadata.name} on the host`));
+  assert.doesNotMatch(available.message!, new RegExp(b.metadata.name!), "never seen by Jumpstarter: not ready");
 });
 
 Deno.test("reconcile: an unchanged instance is not re-sent; a rotated token is re-applied without a restart", async () => {

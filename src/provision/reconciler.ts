@@ -93,7 +93,7 @@ export async function reconcile(ctx: Context, key: string): Promise<Outcome> {
     : {
       states: new Map(),
       waiting: [],
-      unseen: live.filter(wasDeployed).map((e) => e.metadata.name!),
+      unseen: live.filter((e) => wasDeployed(e, ctx.applied.has(e.metadata.uid!))).map((e) => e.metadata.name!),
       outdated: [],
     };
   await probes;

@@ -10,6 +10,7 @@ import { hostKey } from "./placement.ts";
 import { type LabTarget, PINNED_HOST_KEYS_SECRET, recordedTarget, sshTarget } from "./credentials.ts";
 import type { Caches } from "./context.ts";
 import type { Problem } from "./status.ts";
+import { HOST_ANNOTATION, RECLAIM_ANNOTATION } from "./marks.ts";
 
 /** Where an instance was deployed (user@host:port), so teardown finds it even after the set's host changed. */
 export const TARGET_ANNOTATION = "qemu-ssh.jumpstarter.dev/ssh-target";
@@ -20,10 +21,20 @@ export const TARGET_ANNOTATION = "qemu-ssh.jumpstarter.dev/ssh-target";
  */
 export const CREDENTIALS_ANNOTATION = "qemu-ssh.jumpstarter.dev/ssh-credentials";
 
-/** The annotations that say where an instance goes and with which class's Secret, before anything reaches the host. */
-export function targetAnnotations(where: string, cls: VirtualTargetClass | undefined): Record<string, string> {
+/**
+ * The annotations that say where an instance goes (target and host), with which class's Secret and reclaim policy,
+ * before anything reaches the host; null removes one. They come with the Exporter's create (writes.ts) and change
+ * with a move (deploy.ts): no write of ours follows an apply (one PATCH per instance did, 4000 of the 10,000
+ * requests converging 500 x 8, when the client's 50 qps bucket held that converge back by a fifth).
+ */
+export function targetAnnotations(where: string, cls: VirtualTargetClass | undefined): Record<string, string | null> {
   const secret = cls?.spec.credentialsSecretRef?.name;
-  return { [TARGET_ANNOTATION]: where, ...secret ? { [CREDENTIALS_ANNOTATION]: secret } : {} };
+  return {
+    [TARGET_ANNOTATION]: where,
+    [HOST_ANNOTATION]: TARGET_RE.exec(where)?.[2] ?? null,
+    ...secret ? { [CREDENTIALS_ANNOTATION]: secret } : {},
+    [RECLAIM_ANNOTATION]: cls?.spec.reclaimPolicy === "Retain" ? "Retain" : null,
+  };
 }
 
 /** The form of TARGET_ANNOTATION: user@host:port. */

@@ -156,9 +156,9 @@ async function createExporters(ctx: Context, set: ExporterSet, n: number, places
 }
 
 /**
- * One Exporter. Its target annotation comes with the create: a pooled set's placement takes its slot at once, and for
- * any set it saves what deploy.ts would otherwise write before the first apply, one PATCH per instance (4000 of the
- * 14,000 requests converging 500 x 8 under a 50 qps client bucket).
+ * One Exporter. Its target annotations come with the create: a pooled set's placement takes its slot at once, and
+ * for any set it saves what deploy.ts would otherwise write before the first apply, one PATCH per instance (4000 of
+ * the 14,000 requests converging 500 x 8 under a 50 qps client bucket).
  */
 function createOne(
   ctx: Context,
@@ -176,7 +176,9 @@ function createOne(
       annotations: where
         ? {
           ...marks.annotations,
-          ...targetAnnotations(where, cls),
+          ...Object.fromEntries(
+            Object.entries(targetAnnotations(where, cls)).filter((kv): kv is [string, string] => kv[1] !== null),
+          ),
         }
         : marks.annotations,
       finalizers: [FINALIZER],

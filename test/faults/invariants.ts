@@ -443,8 +443,9 @@ async function leaseOne(w: FaultWorld): Promise<void> {
   Object.assign(set.spec, { minReplicas: 0, minAvailableReplicas: 1, maxReplicas: 1 });
   await w.client.create(EXPORTER_SETS, set as KubeObject);
   const e = await waitFor(async () => {
+    const ready = (await w.client.get<ExporterSet>(EXPORTER_SETS, w.ns, LEASED_SET)).status?.readyReplicas === 1;
     const items = (await w.client.list<Exporter>(EXPORTERS, w.ns)).items;
-    return items.find((x) => ownerSetName(x) === LEASED_SET && x.metadata.annotations?.[HOST_ANNOTATION]);
+    return ready ? items.find((x) => ownerSetName(x) === LEASED_SET && !x.metadata.deletionTimestamp) : undefined;
   }, { what: `an Exporter of ${LEASED_SET} deployed`, timeoutMs: 120_000 });
   const name = e.metadata.name!;
   const host = w.hostNamed(e.metadata.annotations![HOST_ANNOTATION])!;
