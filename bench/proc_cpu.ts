@@ -57,6 +57,11 @@ export async function cpuSplit(a: CpuReading, b: CpuReading): Promise<Record<str
   return { ...Object.fromEntries(groups), machine: tenth((b.busy - a.busy) / await ticksPerSecond()) };
 }
 
+/** Seconds all CPUs have been busy since boot: a timeline's cheap reading (one file, not a thousand). */
+export async function machineBusySeconds(): Promise<number> {
+  return (await machineCpu()).busy / await ticksPerSecond();
+}
+
 async function machineCpu(): Promise<{ busy: number; jiffies: number }> {
   const line = (await Deno.readTextFile("/proc/stat")).split("\n")[0].split(/\s+/).slice(1).map(Number);
   const [user, nice, system, idle, iowait, irq, softirq, steal] = line;

@@ -65,9 +65,9 @@ Deno.test("cli: --teardown-grace bounds a teardown (default 2 minutes); --cluste
 });
 
 Deno.test("cli: --kube-api-qps and --kube-api-burst set the flow control toward the API server", () => {
-  assert.deepEqual(parseRunFlags([]).kubeApi, { qps: 50, burst: 100 });
+  assert.deepEqual(parseRunFlags([]).kubeApi, { qps: 0, burst: 100 });
   assert.deepEqual(parseRunFlags(["--kube-api-qps=20", "--kube-api-burst=30"]).kubeApi, { qps: 20, burst: 30 });
-  assert.deepEqual(parseRunFlags(["--kube-api-qps=0"]).kubeApi, { qps: 0, burst: 100 });
+  assert.deepEqual(parseRunFlags(["--kube-api-qps=50"]).kubeApi, { qps: 50, burst: 100 });
   assert.throws(() => parseRunFlags(["--kube-api-qps=-1"]), /--kube-api-qps must be a number >= 0/);
   assert.throws(() => parseRunFlags(["--kube-api-burst=0"]), /--kube-api-burst must be a whole number >= 1/);
   assert.equal(parseRunFlags([]).maxSshConnections, 2000);

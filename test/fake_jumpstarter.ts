@@ -16,6 +16,8 @@ export const FAKE_ENDPOINT = "grpc.jumpstarter.sandbox.invalid:443";
 export interface FakeJumpstarter {
   /** Issues a new token for an Exporter, as Jumpstarter does on rotation. Returns the token. */
   rotate(namespace: string, exporter: string): Promise<string>;
+  /** Exporters given their credential so far: what a benchmark waits on, without listing thousands of them. */
+  readonly issued: number;
   stop(): Promise<void>;
 }
 
@@ -26,6 +28,7 @@ export function startFakeJumpstarter(client: KubeClient, namespace?: string): Fa
   const abort = new AbortController();
   const exporters = new Informer<Exporter>(client, EXPORTERS, { namespace, log: silentLogger });
   const inFlight = new Set<string>();
+  let issued = 0;
   const issue = async (e: Exporter) => {
     const ns = e.metadata.namespace!;
     const name = e.metadata.name!;
@@ -45,6 +48,7 @@ export function startFakeJumpstarter(client: KubeClient, namespace?: string): Fa
       await client.mergePatch(EXPORTERS, ns, name, {
         status: { credential: { name: secretName }, endpoint: FAKE_ENDPOINT },
       }, "status");
+      issued++;
     } catch (err) {
       if (!isNotFound(err)) console.error(`fake jumpstarter: ${name}: ${err}`);
     }
@@ -57,6 +61,9 @@ export function startFakeJumpstarter(client: KubeClient, namespace?: string): Fa
   });
   const loop = exporters.run(abort.signal);
   return {
+    get issued() {
+      return issued;
+    },
     async rotate(ns, exporter) {
       const token = newToken();
       await client.mergePatch(SECRETS, ns, `${exporter}-exporter`, { data: { token: b64(token) } });

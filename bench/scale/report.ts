@@ -2,7 +2,7 @@
 import { join } from "node:path";
 import { RESULTS_DIR } from "../report.ts";
 import { type LinearFit, linearFit, round } from "../stats.ts";
-import type { SizeResult } from "./run.ts";
+import type { SizeResult, TimelineSample } from "./run.ts";
 
 export interface ScaleResults {
   startedAt: string;
@@ -53,6 +53,28 @@ export function model(sizes: SizeResult[]): ScaleResults["model"] {
   for (const [k, ys] of Object.entries(series)) {
     const fit = linearFit(xs, ys);
     out[k] = { ...fit, at500: fit.intercept + fit.slope * 500, at2000: fit.intercept + fit.slope * 2000 };
+  }
+  return out;
+}
+
+const TIMELINE_ROW_S = 20;
+
+/** The timeline in rows of about `every` seconds: the cumulative figures as of the row's end, rates over the row. */
+export function timelineRows(samples: TimelineSample[], every: number) {
+  const out = [];
+  let from = samples[0];
+  for (const [i, x] of samples.entries()) {
+    if (i === 0 || (x.t - from.t < every - 0.5 && i < samples.length - 1)) continue;
+    out.push({
+      t: x.t,
+      cores: (x.busyCoreSeconds - from.busyCoreSeconds) / (x.t - from.t),
+      credentials: x.credentials,
+      available: x.available,
+      queueDepth: x.queueDepth,
+      sshCommands: x.sshCommands - from.sshCommands,
+      apiRequests: x.apiRequests - from.apiRequests,
+    });
+    from = x;
   }
   return out;
 }
@@ -183,6 +205,21 @@ export function markdown(r: ScaleResults): string {
         "machine: all CPUs busy): floor deploy " + groups(s.floor.cpuByGroup?.deploy) + "; converge " +
         groups(s.converge.cpuByGroup) + "; floor remove " + groups(s.floor.cpuByGroup?.teardown) + "; delete " +
         groups(s.teardown.cpuByGroup) + ".",
+    );
+  }
+  for (const s of r.sizes) {
+    const rows = timelineRows(s.converge.timeline ?? [], TIMELINE_ROW_S);
+    if (!rows.length) continue;
+    L.push(
+      "",
+      `Converge timeline at ${s.hosts} x ${s.perHost}, every ${TIMELINE_ROW_S} s from the first create (cores: the ` +
+        "machine's, busy on average over the row; SSH commands and API requests: the controller's, in the row):",
+      "",
+      row(["t s", "cores busy", "credentials", "sets available", "queue depth", "SSH cmds", "API req"]),
+      row(["--:", "--:", "--:", "--:", "--:", "--:", "--:"]),
+      ...rows.map((x) =>
+        row([f(x.t, 0), f(x.cores, 2), x.credentials, x.available, x.queueDepth, x.sshCommands, x.apiRequests])
+      ),
     );
   }
   const steady = r.sizes.find((s) => s.steady);

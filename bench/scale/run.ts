@@ -20,7 +20,9 @@ import { total } from "../prom.ts";
 import { percentile } from "../stats.ts";
 import { type FloorResult, measureFloor } from "./floor.ts";
 import { type LiveHeap, type ProfileSummary, ScaleController } from "./controller.ts";
-import { type CpuReading, cpuSplit, type Grouping, readCpu } from "../proc_cpu.ts";
+import { type CpuReading, cpuSplit, type Grouping, machineBusySeconds, readCpu } from "../proc_cpu.ts";
+import { Informer } from "../../src/kube/informer.ts";
+import { silentLogger } from "../../src/observe/log.ts";
 
 export interface Phase {
   seconds: number;
@@ -61,6 +63,8 @@ export interface SizeResult {
     setAvailable: { p50: number; p95: number; max: number };
     /** Seconds until every Exporter had its credentials from the fake Jumpstarter. */
     credentialsSeconds: number;
+    /** Every TIMELINE_EVERY_S seconds from the first create: where the converge's time went. */
+    timeline: TimelineSample[];
   };
   steady?: Phase & {
     minutes: number;
@@ -78,6 +82,20 @@ export interface SizeResult {
   hostMemory: { pssKiBPerHost: number; tmpfsKiBPerHost: number; processesPerHost: number };
   controllerLog: string;
 }
+
+/** Cumulative from the first create; the controller's figures from its metrics. */
+export interface TimelineSample {
+  t: number;
+  /** The whole machine's busy CPU seconds since the first create. */
+  busyCoreSeconds: number;
+  credentials: number;
+  available: number;
+  queueDepth: number;
+  sshCommands: number;
+  apiRequests: number;
+}
+
+const TIMELINE_EVERY_S = 5;
 
 interface Snap {
   at: number;
@@ -292,30 +310,47 @@ export async function runSize(o: RunOptions): Promise<SizeResult> {
     const t0 = performance.now();
     const availableAt = new Map<string, number>();
     let credentialsAt = NaN;
+    // Watched, not polled: a list of the sets every second and of the 4000 Exporters every 5 s was API server CPU
+    // on the cores the converge is measured on, which the floor does not pay.
+    const watching = new AbortController();
+    const setsSeen = new Informer<ExporterSet>(kube, EXPORTER_SETS, { namespace: ns, log: silentLogger });
+    setsSeen.on((_type, s) => {
+      const ok = s.status?.readyReplicas === perHost &&
+        s.status?.conditions?.some((c) => c.type === "Available" && c.status === "True");
+      if (ok && !availableAt.has(s.metadata.name!)) availableAt.set(s.metadata.name!, (performance.now() - t0) / 1000);
+    });
+    const watched = setsSeen.run(watching.signal);
+    const timeline: TimelineSample[] = [];
+    const busy0 = await machineBusySeconds();
+    const sample = async () => {
+      const m = await controller.metrics();
+      timeline.push({
+        t: (performance.now() - t0) / 1000,
+        busyCoreSeconds: await machineBusySeconds() - busy0,
+        credentials: fake.issued,
+        available: availableAt.size,
+        queueDepth: total(m, "workqueue_depth"),
+        sshCommands: total(m, "qemu_ssh_command_seconds_count"),
+        apiRequests: total(m, "rest_client_requests_total"),
+      });
+    };
+    await sample();
     await limited(seed.sets, 32, ({ set }) => kube.create(EXPORTER_SETS, set as KubeObject));
     log(`${n}x${perHost}: sets created after ${((performance.now() - t0) / 1000).toFixed(1)} s`);
     // bounded well past the 1.5 x floor target, so that a miss still gets its memory and delete measured
-    let polls = 0;
-    await until(
-      `${n}x${perHost}: every ExporterSet Available`,
-      Math.max(1_200_000, instances * 300),
-      1000,
-      async () => {
-        const sets = (await kube.list<ExporterSet>(EXPORTER_SETS, ns)).items;
-        const now = (performance.now() - t0) / 1000;
-        for (const s of sets) {
-          const ok = s.status?.readyReplicas === perHost &&
-            s.status?.conditions?.some((c) => c.type === "Available" && c.status === "True");
-          if (ok && !availableAt.has(s.metadata.name!)) availableAt.set(s.metadata.name!, now);
-        }
-        // the Exporters every 5 s only: a list of 4000 is megabytes the API server encodes on the same 2 cores
-        if (Number.isNaN(credentialsAt) && polls++ % 5 === 0) {
-          const ex = (await kube.list<Exporter>(EXPORTERS, ns)).items;
-          if (ex.length === instances && ex.every((e) => e.status?.credential)) credentialsAt = now;
-        }
-        return availableAt.size === n;
-      },
-    );
+    const deadline = Date.now() + Math.max(1_200_000, instances * 300);
+    try {
+      for (let tick = 1; availableAt.size < n; tick++) {
+        if (Date.now() > deadline) throw new Error(`timed out: ${n}x${perHost}: every ExporterSet Available`);
+        await new Promise((r) => setTimeout(r, 1000));
+        if (Number.isNaN(credentialsAt) && fake.issued >= instances) credentialsAt = (performance.now() - t0) / 1000;
+        if (tick % TIMELINE_EVERY_S === 0) await sample();
+      }
+      await sample();
+    } finally {
+      watching.abort();
+      await watched;
+    }
     const s1 = await snap();
     const convergeProfile = await controller.stopProfile(profilePath("converge"));
     const convergeHeap = await controller.liveHeap();
@@ -326,6 +361,7 @@ export async function runSize(o: RunOptions): Promise<SizeResult> {
       heap: convergeHeap,
       setAvailable: { p50: percentile(times, 50), p95: percentile(times, 95), max: Math.max(...times) },
       credentialsSeconds: credentialsAt,
+      timeline,
     };
     converge.seconds = (s1.at - t0) / 1000;
     log(

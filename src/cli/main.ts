@@ -42,9 +42,11 @@ run flags:
                                       in manifests/clusterrole.yaml); unique among clusters sharing lab hosts
   --max-concurrent-reconciles N       ExporterSets reconciled at once (default 32); one set is never
                                       reconciled twice at once
-  --kube-api-qps N                    requests a second to the API server, sustained (default ${DEFAULT_QPS}; 0 = no
-                                      limit); 429 and 5xx answers are retried, honouring Retry-After
-  --kube-api-burst N                  requests above that rate allowed at once (default ${DEFAULT_BURST})
+  --kube-api-qps N                    requests a second to the API server, sustained (default 0: no limit of
+                                      ours, the server's API Priority and Fairness paces); 429 and 5xx answers
+                                      are retried, honouring Retry-After
+  --kube-api-burst N                  with --kube-api-qps, requests above that rate allowed at once (default
+                                      ${DEFAULT_BURST})
   --max-ssh-connections N             SSH connections open at once, one per lab host and key (default 2000); at
                                       the bound the longest idle one is closed first. Keep it below the nofile
                                       limit minus 256 (Deno raises the soft limit to the hard one at start)
