@@ -15,6 +15,7 @@ import net from "node:net";
 import tls from "node:tls";
 import type { Duplex } from "node:stream";
 import { hostPort } from "./kubeconfig_needs.ts";
+import { Semaphore } from "../semaphore.ts";
 
 /** The API server (or the proxy on the way) could not be reached: no HTTP answer at all. */
 export class KubeConnectError extends Error {
@@ -60,9 +61,19 @@ export interface TransportOptions extends Endpoint {
 /** Node's request options, plus the request's signal for the dial (the agent hands the options to createConnection). */
 type DialOptions = http.RequestOptions & tls.ConnectionOptions & { qspSignal?: AbortSignal };
 
+/**
+ * Requests in flight at once (watches included, one each), so connections to the server, all kept once idle. Node's
+ * agent cannot bound them alone: it counts a socket once created, and ours come through a callback. Unbounded, with no
+ * client-side request limit, the creates of a 500 x 8 converge opened 263 TLS connections, kept to the end. Fewer
+ * kept idle than allowed open makes the agent close and reopen them in a burst (a request can come in before the
+ * socket it would reuse is back in the pool).
+ */
+export const MAX_CONNECTIONS = 64;
+
 /** One pool of keep-alive connections to the server, each opened by `dial`. */
 export class Transport {
   private readonly agent: http.Agent;
+  private readonly inFlight = new Semaphore(MAX_CONNECTIONS);
   private readonly secure: boolean;
   private readonly address: string;
   private readonly proxyAddress?: string;
@@ -71,7 +82,8 @@ export class Transport {
     this.secure = server.protocol === "https:";
     this.address = hostPort(server.href);
     this.proxyAddress = o.proxy ? hostPort(o.proxy.href) : undefined;
-    this.agent = this.secure ? new https.Agent({ keepAlive: true }) : new http.Agent({ keepAlive: true });
+    const pool = { keepAlive: true, maxSockets: MAX_CONNECTIONS, maxFreeSockets: MAX_CONNECTIONS };
+    this.agent = this.secure ? new https.Agent(pool) : new http.Agent(pool);
     // Node's agent lets createConnection answer through a callback: the pool stays Node's, the dial is ours.
     (this.agent as unknown as { createConnection: unknown }).createConnection = (
       options: DialOptions,
@@ -191,8 +203,37 @@ export class Transport {
     return new KubeConnectError(address, code, detail, toProxy ? undefined : this.proxyAddress);
   }
 
-  /** One request; the Response's body streams, and errors with the signal's reason once it aborts. */
-  send(method: string, url: URL, auth: Auth, body: Uint8Array | undefined, signal?: AbortSignal): Promise<Response> {
+  /**
+   * One request, once fewer than MAX_CONNECTIONS are in flight; the Response's body streams, and errors with the
+   * signal's reason once it aborts. It is in flight until its body ends, fails or is cancelled.
+   */
+  async send(
+    method: string,
+    url: URL,
+    auth: Auth,
+    body: Uint8Array | undefined,
+    signal?: AbortSignal,
+  ): Promise<Response> {
+    if (!await this.inFlight.acquire(Infinity, signal)) throw signal!.reason;
+    let done = false;
+    const release = () => {
+      if (!done) this.inFlight.release();
+      done = true;
+    };
+    return await this.request(method, url, auth, body, release, signal).catch((e) => {
+      release();
+      throw e;
+    });
+  }
+
+  private request(
+    method: string,
+    url: URL,
+    auth: Auth,
+    body: Uint8Array | undefined,
+    release: () => void,
+    signal?: AbortSignal,
+  ): Promise<Response> {
     return new Promise<Response>((resolve, reject) => {
       if (signal?.aborted) return reject(signal.reason);
       const headers: Record<string, string | string[] | number> = { ...auth.headers };
@@ -218,7 +259,10 @@ export class Transport {
       const failure = (e: unknown) => signal?.aborted ? signal.reason : this.wrap(e);
       const onAbort = () => req.destroy(signal!.reason);
       signal?.addEventListener("abort", onAbort, { once: true });
-      const settle = () => signal?.removeEventListener("abort", onAbort);
+      const settle = () => {
+        signal?.removeEventListener("abort", onAbort);
+        release();
+      };
       req.on("error", (e) => {
         settle();
         if (!stream) return reject(failure(e));

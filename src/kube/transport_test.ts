@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { KubeConnectError, Transport } from "./transport.ts";
+import { KubeConnectError, MAX_CONNECTIONS, Transport } from "./transport.ts";
 import { connectProxy, type Relay, socks5Proxy } from "../../test/proxies.ts";
 
 const NO_AUTH = { headers: {} };
@@ -121,5 +121,33 @@ Deno.test("transport: connect failures are KubeConnectErrors naming the address 
     denied.close();
     proxy.close();
     await answering.catch(() => {});
+  }
+});
+
+Deno.test("transport: at most MAX_CONNECTIONS requests in flight, over as many connections, kept for the next burst", async () => {
+  let inFlight = 0;
+  let most = 0;
+  const ports = new Set<number>();
+  const s = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen() {} }, async (_req, info) => {
+    ports.add(info.remoteAddr.port);
+    most = Math.max(most, ++inFlight);
+    await new Promise((r) => setTimeout(r, 20));
+    inFlight--;
+    return new Response("ok");
+  });
+  const t = new Transport(new URL(`http://127.0.0.1:${s.addr.port}`), { insecure: false, connectTimeoutMs: 5000 });
+  const burst = () =>
+    Promise.all(Array.from({ length: 3 * MAX_CONNECTIONS }, async () => {
+      const res = await t.send("GET", new URL(`http://127.0.0.1:${s.addr.port}/`), NO_AUTH, undefined, undefined);
+      assert.equal(await res.text(), "ok");
+    }));
+  try {
+    await burst();
+    await burst();
+    assert.equal(most, MAX_CONNECTIONS);
+    assert.equal(ports.size, MAX_CONNECTIONS);
+  } finally {
+    t.close();
+    await s.shutdown();
   }
 });
