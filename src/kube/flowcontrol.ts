@@ -5,12 +5,12 @@
 import { abortableSleep, backoffDelay } from "./backoff.ts";
 
 /**
- * No client-side limit unless one is asked for (`--kube-api-qps`), as controller-runtime's configuration since 2025 (its PR
- * #3119, on SIG API Machinery's advice): API Priority and Fairness, on by default since Kubernetes 1.20, protects the server,
- * and its 429s are retried after their Retry-After (retryDelay). A bucket of 50 qps made the first 100 s of a 500 x 8
- * converge a queue of 4000 Exporter creates, every reconcile worker waiting in it while the sets that had their
- * credentials could not be applied: the lab hosts used 0.6 to 0.95 of the machine's 2 cores there, and converge took
- * 1.57 x the hosts' floor, against 1.25 x with no limit (bench/results/scale-findings.md, eleventh round).
+ * No client-side limit unless one is asked for (`--kube-api-qps`), as controller-runtime's configuration since 2025
+ * (its PR #3119, on SIG API Machinery's advice): API Priority and Fairness, on by default since Kubernetes 1.20,
+ * protects the server, and its 429s are retried after their Retry-After (retryDelay). A bucket of 50 qps made the
+ * first 100 s of a 500 x 8 converge a queue of 4000 Exporter creates, every reconcile worker waiting in it while the
+ * sets that had their credentials could not be applied: the machine's 2 cores were 0.6 to 0.95 busy there, and
+ * converge took 1.57 x the hosts' floor, against 1.15 x with no limit (bench/results/scale-findings.md, eleventh round).
  */
 export const DEFAULT_QPS = 0;
 /** With a `--kube-api-qps`, requests above that rate allowed at once. */
