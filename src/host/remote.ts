@@ -85,6 +85,12 @@ export const nameLockPath = (name: string) => `${RUN_DIR}/${name}.lock`;
  * daemon-reload and queued (not awaited) systemd jobs: seconds. Well inside the SSH command timeout (120 s).
  */
 export const LOCK_WAIT_SECONDS = 60;
+/**
+ * How long a remove that owes a daemon-reload waits for the other removes under way on its host to owe theirs, so that
+ * one reload serves them all: a unit's stop takes a few hundred milliseconds, and one that takes longer (a container
+ * that ignores SIGTERM for its 10 s) is not waited for.
+ */
+export const REMOVE_JOIN_SECONDS = 3;
 /** Holds the hash of the service definition a unit was last started with by an apply (its `started_with`). */
 export const startedPath = (unit: string) => `${RUN_DIR}/${unit}.started`;
 
@@ -224,6 +230,7 @@ export function removeScript(name: string, opts: RemoveOptions = {}): string {
     IMG: diskImagePath(name),
     STARTED: units.map(startedPath).join(" "),
     PENDING: opts.uid ? pendingPath(opts.uid) : "",
+    REMOVE_JOIN_SECONDS,
   }, REMOVE_SH);
 }
 

@@ -265,16 +265,25 @@ Deno.test("make_volume, under dash and bash: labelled with the owner, the contro
   }
 });
 
+/** A fake systemctl that knows no unit. */
+const NO_UNITS = `systemctl() { if [ "$1" = show ]; then echo LoadState=not-found; fi; }`;
+
 /**
- * The remove script run in a temporary root: its paths moved there, systemctl a fake that knows no unit, podman a
- * fake whose volumes are files (`vol-NAME` holding its uid label; inspect prints the ones there, exit 125 if one is
- * not, as podman does).
+ * The remove script run in a temporary root: its paths moved there, systemctl a fake (by default one that knows no
+ * unit), podman a fake whose volumes are files (`vol-NAME` holding its uid label; inspect prints the ones there, exit
+ * 125 if one is not, as podman does).
  */
-async function removeInRoot(shell: string, dir: string, uid?: string, wait = "60") {
-  const s = removeScript("pool-x7k2p", uid === undefined ? {} : { uid });
+async function removeInRoot(
+  shell: string,
+  dir: string,
+  uid?: string,
+  wait = "60",
+  { name = "pool-x7k2p", systemctl = NO_UNITS } = {},
+) {
+  const s = removeScript(name, uid === undefined ? {} : { uid });
   const v = await headerValues(s);
   const moved = (p: string) => `${dir}${p}`;
-  const fakes = `systemctl() { if [ "$1" = show ]; then echo LoadState=not-found; fi; }
+  const fakes = `${systemctl}
 vols=${shQuote(dir)}
 podman() {
   case "$1 $2" in
@@ -347,6 +356,41 @@ Deno.test("removeScript in a temporary root, under dash and bash: ours goes, tem
       const again = await removeInRoot(shell, dir, "u-1");
       assert.deepEqual([again.report.ok, again.report.removed, again.report.reloaded], [true, [], false], shell);
       assert.match(again.out.stdout, /^qsp removed nothing$/m);
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  }
+});
+
+Deno.test("removes at once, under dash and bash: one whose units stop later still shares the other's daemon-reload", async () => {
+  for (const shell of SHELLS) {
+    const dir = await Deno.makeTempDir();
+    try {
+      // both instances' units run; pool-slow's take 0.6 s to stop, long after pool-fast's; each reload is a line here
+      const systemctl = `systemctl() {
+  case "$1" in
+  show) for u in "$@"; do case "$u" in *.service) printf 'LoadState=loaded\nActiveState=active\n\n' ;; esac; done ;;
+  stop) case "$*" in *--no-block*) ;; *pool-slow*) sleep 0.6 ;; esac ;;
+  daemon-reload) echo reload >>${shQuote(`${dir}/reloads`)} ;;
+  esac
+}`;
+      const names = ["pool-fast", "pool-slow"];
+      for (const name of names) {
+        const v = await headerValues(removeScript(name));
+        const quadlet = `${dir}${v.FILES.split("\n")[0]}`;
+        await Deno.mkdir(dirOf(quadlet), { recursive: true });
+        await Deno.mkdir(`${dir}${dirOf(v.NAME_LOCK)}`, { recursive: true });
+        await Deno.writeTextFile(
+          quadlet,
+          `# managed\n# qemu-ssh.jumpstarter.dev/owner: namespace=ns set=pool uid=${name}\n`,
+        );
+      }
+      const runs = await Promise.all(names.map((name) => removeInRoot(shell, dir, name, "60", { name, systemctl })));
+      for (const { report, out } of runs) {
+        assert.ok(report.ok, `${shell}: ${JSON.stringify(report.errors)} ${out.stderr}`);
+      }
+      assert.equal(runs.filter((r) => r.report.reloaded).length, 1, `${shell}: one of them reloaded, for both`);
+      assert.equal(await Deno.readTextFile(`${dir}/reloads`), "reload\n", shell);
     } finally {
       await Deno.remove(dir, { recursive: true });
     }

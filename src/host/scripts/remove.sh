@@ -1,7 +1,8 @@
 # remove: takes one instance off the host (remote.ts removeScript). After lib.sh; the header sets UID_ (empty: any of
 # ours), NAME_LOCK, RT, EX (units), CONTAINERS, FILES (the files written, one a line), MOUNT_DIR (the config's
-# directory), VOLUME, DISK (the /disk volume), IMG (its image), STARTED (the units' records) and PENDING (an older
-# apply's marker, or ''). render.ts names have no blanks or glob characters, so the lists split on blanks.
+# directory), VOLUME, DISK (the /disk volume), IMG (its image), STARTED (the units' records), PENDING (an older
+# apply's marker, or '') and REMOVE_JOIN_SECONDS (join_removes). render.ts names have no blanks or glob characters,
+# so the lists split on blanks.
 removed=0
 gone() {
   removed=$((removed + 1))
@@ -20,6 +21,13 @@ lock_owned() {
 lock_owned
 
 step=stop
+# Removes on one host share their daemon-reload, as applies do (lib.sh reload_systemd), but each first awaits its own
+# units' stops, which end at different times: the first done would reload before the others had taken their quadlets
+# away, and each of those would reload once more. So a remove holds the removes' lock shared until it knows whether it
+# owes a reload, and before reloading waits, at most REMOVE_JOIN_SECONDS, for the others to get that far (join_removes).
+removes_lock=$RUN_DIR/removes.lock
+exec 7>>"$removes_lock"
+flock -s 7
 # Queued under the lock (in order with other scripts' jobs for these units), awaited without it: a unit takes seconds
 # to stop, and a reload (under the exclusive lock) need not wait for it.
 stop=
@@ -52,6 +60,18 @@ step=containers
 out=$(podman rm -f --ignore --depend $CONTAINERS)
 for c in $out; do gone container "$c"; done
 
+# The removes' lock let go; with a reload owed, taken exclusive for a moment once the removes under way have let go
+# too (or REMOVE_JOIN_SECONDS passed), so the reload that follows covers their quadlets as well. Without the host lock
+# meanwhile: an apply may reload in between, which only covers more.
+join_removes() {
+  exec 7>&-
+  if [ "$quadlet_gone" = 1 ]; then
+    unlock_host
+    exec 7>>"$removes_lock"
+    flock -x -w "$REMOVE_JOIN_SECONDS" 7 || true
+    exec 7>&-
+  fi
+}
 # PATH: PATH removed, if there
 remove_path() {
   if [ -e "$1" ]; then
@@ -97,6 +117,8 @@ if [ -n "$ours" ]; then
 fi
 
 if [ "$quadlet_gone" = 1 ]; then reload_owed; fi
+step=join-removes
+join_removes
 step=lock
 # Under the exclusive lock nobody takes the instance's lock anew (the host's comes first) or waits for it; an apply
 # past its writes may still hold it, and its file goes only when free, or one of the same name would lock another.
