@@ -187,6 +187,38 @@ Deno.test("apply's stage-script step, under dash and bash: the host's staging sc
   }
 });
 
+Deno.test("apply's start step, under dash and bash: units as they are now, not as the first look saw them", async () => {
+  const s = applyScript(rendered, { kvmRequired: true });
+  const at = (step: string) => APPLY_SH.indexOf(`\nstep=${step}\n`);
+  const steps = APPLY_SH.slice(at("start"), at("report"));
+  for (const shell of SHELLS) {
+    const dir = await Deno.makeTempDir();
+    try {
+      // The script's first look saw both units down; since then a start queued before this apply (a restart's second
+      // half) brought them up: every later look says active. podman and the starts are recorded.
+      const fakes = `${recorder(["podman"])}
+systemctl() {
+  case "$1" in
+  show)
+    if [ -e ${shQuote(`${dir}/looked`)} ]; then state=active; else state=inactive; : >${shQuote(`${dir}/looked`)}; fi
+    printf 'LoadState=loaded\nActiveState=%s\n\nLoadState=loaded\nActiveState=%s\n' "$state" "$state" ;;
+  list-jobs) ;;
+  *) rec systemctl "$@" ;;
+  esac
+}
+fresh=0 restart= ex_exited=0 ex_started=0 rt_def= ex_def=
+look
+`;
+      const script = withValues(definitions(s), LIB_SH, { RUN_DIR: dir }) + fakes + steps + `say "done"\n`;
+      const out = await runShell(shell, script);
+      assert.equal(out.code, 0, `${shell}: ${out.stderr}`);
+      assert.deepEqual(records(out.stdout), [], `${shell}: nothing removed, nothing started`);
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  }
+});
+
 Deno.test("the restart records, under dash and bash: systemctl show's lines parsed, a unit runs what it was started with", async () => {
   const rt = rendered.units.runtime;
   for (const shell of SHELLS) {

@@ -402,15 +402,26 @@ case " $restart " in
 esac
 
 step=start
+# As they are now, not as the script's first look saw them: a start or restart queued before this apply (an earlier
+# apply's, or a restart's second half) may have brought a unit up meanwhile, or taken it down on its way up.
+look
 # An exporter container that a stop left behind (the stop raced a start job, or ran while the quadlet was gone, and
 # ExecStopPost never removed it) sits in the runtime's network namespace: the runtime's `podman run --replace` then
 # fails ("has dependent containers") at every start and auto-restart, the exporter fails with it (dependency), and
-# no apply gets them up again. With the exporter's unit down, its container is a leftover: removed first, unless this
-# apply just made the shared volume, which every exporter container mounts.
+# no apply gets them up again. With the exporter's unit down and no start of it queued, its container is a leftover:
+# removed first, unless this apply just made the shared volume, which every exporter container mounts. (Taken for a
+# leftover on a stale look, the container of an exporter that a queued start had just brought up was removed, and the
+# apply started the exporter once more.)
 unit "$EX"
 case "$fresh/$active" in
 1/* | */active | */activating | */deactivating | */reloading) ;;
-*) podman rm -f -i "$NAME-exporter" >/dev/null 2>&1 || true ;;
+*)
+  queued "$EX"
+  case " $jobs " in
+  *" start "* | *" restart "*) ;;
+  *) podman rm -f -i "$NAME-exporter" >/dev/null 2>&1 || true ;;
+  esac
+  ;;
 esac
 for u in "$RT" "$EX"; do
   if [ "$u" = "$EX" ] && [ "$ex_exited" = 1 ]; then continue; fi
